@@ -1,0 +1,11 @@
+"""cupyln: LayerNorm for NVIDIA GPUs on CuPy arrays (forward, dx, dw/db), CUDA C kernels
+compiled at run time with NVRTC.
+
+    y, mean, rstd = cupyln.forward(x, w, b)
+    dx, dw, db = cupyln.backward(dy, x, w, mean, rstd)
+"""
+
+from ._api import backward, forward, layer_norm
+
+__version__ = "0.1.0"
+__all__ = ["forward", "backward", "layer_norm", "__version__"]

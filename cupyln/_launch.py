@@ -1,0 +1,145 @@
+"""Launch configuration: the one heuristic that maps a problem to a kernel variant.
+
+``forward_plan`` / ``backward_plan`` take (N, dtypes, vector width, shared-memory limit) and
+return a frozen ``Plan``: which template instantiation, how many threads per row, how many
+vectors each thread keeps, block size and dynamic shared memory. They need no GPU (the CPU tests
+enumerate every plan they can return and compile it). ``grid_size`` turns a plan and M into a
+persistent grid from the kernel's measured occupancy.
+
+Thresholds and why:
+* register budget per thread for the row: 32 values (forward) / 16 (backward keeps x, dy and
+  the dw/db accumulators: 4 arrays). These keep every variant under ptxas' limit at its block
+  size with no spills (checked by tests/test_compile.py for sm_80 and sm_90);
+* at least 4 threads per row: small rows still get several independent 16-byte loads per
+  warp row instead of one thread walking a row;
+* 128 threads per block for the sub-warp tier (4 warps: enough for the SM's 64 warps at
+  16 blocks) and the smallest block of 128/256/512 that holds the row for wider rows
+  (1024-thread blocks cap a thread at 64 registers, and ptxas then spills the row);
+* rows past the register tier go to one block per row, staged in shared memory when
+  N * itemsize (x 2 for backward) fits the device's opt-in limit, re-read otherwise.
+These are the initial rungs; the speed work tunes them with measurements in BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import _compile
+from ._dtypes import acc_dtype, ctype
+
+FWD_REG_VALUES = 32
+BWD_REG_VALUES = 16
+MIN_TPR = 4
+SUBWARP_BLOCK = 128
+REG_BLOCKS = (128, 256, 512)  # 1024 threads cap a thread at 64 registers: ptxas spills
+FWD_ROW_BLOCK = 1024
+BWD_ROW_BLOCK = 512
+STATIC_SMEM_MARGIN = 1024  # the kernels' own static shared memory (reductions), bytes
+REDUCE_BLOCK = (32, 8)  # ln_partial_reduce and ln_bwd_dwdb_cols
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One kernel launch shape. ``rows`` rows per block; ``smem`` dynamic shared bytes."""
+
+    source: str
+    expr: str
+    tier: str  # "reg" or "row"
+    vec: int
+    items: int
+    tpr: int
+    block: int
+    rows: int
+    smem: int
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _pow2_at_least(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+def vector_width(itemsize: int, n: int, strides=(), pointers=()) -> int:
+    """Largest VEC (elements, VEC * itemsize <= 16 bytes) dividing N and every row stride, with
+    every pointer aligned to VEC * itemsize bytes. 1 is the scalar path."""
+    vec = 16 // itemsize
+    while vec > 1:
+        if (
+            n % vec == 0
+            and all(s % vec == 0 for s in strides)
+            and all(p % (vec * itemsize) == 0 for p in pointers)
+        ):
+            return vec
+        vec //= 2
+    return 1
+
+
+def _reg_shape(n: int, vec: int, values: int):
+    """(tpr, items, block) for the register tier, or None when the row does not fit.
+    ITEMS is rounded up to a power of two (unused slots are predicated off; fewer variants)."""
+    nvec = _cdiv(n, vec)
+    items_max = max(1, values // vec)
+    if nvec <= 32 * items_max:
+        tpr = min(32, max(MIN_TPR, _pow2_at_least(_cdiv(nvec, items_max))))
+        return tpr, _pow2_at_least(_cdiv(nvec, tpr)), SUBWARP_BLOCK
+    for block in REG_BLOCKS:
+        if _cdiv(nvec, block) <= items_max:
+            return block, _pow2_at_least(_cdiv(nvec, block)), block
+    return None
+
+
+def forward_plan(n: int, x_dtype, w_dtype, b_dtype, vec: int, smem_limit: int) -> Plan:
+    """Kernel variant for the forward of rows of N elements of ``x_dtype``."""
+    tx, tw, tb = ctype(x_dtype), ctype(w_dtype), ctype(b_dtype)
+    values = FWD_REG_VALUES * 4 // acc_dtype(x_dtype).itemsize
+    shape = _reg_shape(n, vec, values)
+    if shape is not None:
+        tpr, items, block = shape
+        expr = _compile.template("ln_fwd_reg", tx, tw, tb, vec, items, tpr, block)
+        return Plan(_compile.FWD_SOURCE, expr, "reg", vec, items, tpr, block, block // tpr, 0)
+    row_bytes = _cdiv(n * x_dtype.itemsize, 16) * 16
+    stage = row_bytes <= smem_limit - STATIC_SMEM_MARGIN
+    block = FWD_ROW_BLOCK
+    expr = _compile.template("ln_fwd_row", tx, tw, tb, vec, block, stage)
+    return Plan(_compile.FWD_SOURCE, expr, "row", vec, 0, block, block, 1, row_bytes if stage else 0)
+
+
+def backward_plan(n: int, x_dtype, w_dtype, vec: int, smem_limit: int) -> Plan:
+    """Kernel variant computing dx (and, in the register tier, the dw/db partials)."""
+    tx, tw = ctype(x_dtype), ctype(w_dtype)
+    values = BWD_REG_VALUES * 4 // acc_dtype(x_dtype).itemsize
+    shape = _reg_shape(n, vec, values)
+    if shape is not None:
+        tpr, items, block = shape
+        expr = _compile.template("ln_bwd_reg", tx, tw, vec, items, tpr, block)
+        return Plan(_compile.BWD_SOURCE, expr, "reg", vec, items, tpr, block, block // tpr, 0)
+    row_bytes = 2 * _cdiv(n * x_dtype.itemsize, 16) * 16
+    stage = row_bytes <= smem_limit - STATIC_SMEM_MARGIN
+    block = BWD_ROW_BLOCK
+    expr = _compile.template("ln_bwd_row", tx, tw, vec, block, stage)
+    return Plan(_compile.BWD_SOURCE, expr, "row", vec, 0, block, block, 1, row_bytes if stage else 0)
+
+
+def dwdb_cols_expr(x_dtype) -> str:
+    return _compile.template("ln_bwd_dwdb_cols", ctype(x_dtype))
+
+
+def reduce_expr(x_dtype, dw_dtype, db_dtype) -> str:
+    acc = ctype(acc_dtype(x_dtype))
+    return _compile.template("ln_partial_reduce", acc, ctype(dw_dtype), ctype(db_dtype))
+
+
+def dwdb_slices(m: int, n: int, sm_count: int) -> tuple[int, int]:
+    """(slices, rows per slice) for ln_bwd_dwdb_cols: about 8 blocks per SM in all, each
+    block walking at least 8 rows per thread-row."""
+    col_blocks = _cdiv(n, REDUCE_BLOCK[0])
+    slices = max(1, min(_cdiv(m, 64), _cdiv(8 * sm_count, col_blocks)))
+    per = _cdiv(m, slices)
+    return _cdiv(m, per), per
+
+
+def grid_size(m: int, rows_per_block: int, capacity: int) -> int:
+    """Blocks for M rows: one per group of rows, at most the resident capacity (persistent)."""
+    return max(1, min(_cdiv(m, rows_per_block), capacity))

@@ -1,0 +1,187 @@
+// cupyln/kernels/common.cuh -- building blocks shared by every cupyln kernel.
+//
+// Self-contained on purpose: no CUDA header is included, so NVRTC compiles these files with
+// nothing but its own built-ins (fp16/bf16 are 16-bit storage types converted with PTX).
+//
+//   * element types: half_t, bf16_t (storage only), float, double;
+//   * Acc<T>: the arithmetic type (double for double input, float for everything else);
+//   * widen / narrow: element <-> arithmetic conversions (round-to-nearest-even);
+//   * load_pack / store_pack: VEC consecutive elements in one access of VEC*sizeof(T) bytes
+//     (the caller guarantees that alignment);
+//   * group_sum: a sum over the TPR threads that own one row, identical in every thread
+//     (xor butterfly inside a warp, fixed-order sum of per-warp partials across warps).
+#pragma once
+
+namespace cupyln {
+
+typedef long long i64;
+
+struct half_t {
+  unsigned short bits;
+};
+struct bf16_t {
+  unsigned short bits;
+};
+
+// ------------------------------------------------------------------ arithmetic type
+template <typename T>
+struct AccOf {
+  typedef float type;
+};
+template <>
+struct AccOf<double> {
+  typedef double type;
+};
+
+// ------------------------------------------------------------------ conversions
+__device__ __forceinline__ float widen(float v) { return v; }
+__device__ __forceinline__ double widen(double v) { return v; }
+__device__ __forceinline__ float widen(half_t v) {
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(v.bits));
+  return f;
+}
+__device__ __forceinline__ float widen(bf16_t v) {
+  return __uint_as_float(static_cast<unsigned int>(v.bits) << 16);
+}
+
+template <typename T>
+struct Narrow;
+template <>
+struct Narrow<float> {
+  template <typename A>
+  static __device__ __forceinline__ float from(A v) { return static_cast<float>(v); }
+};
+template <>
+struct Narrow<double> {
+  template <typename A>
+  static __device__ __forceinline__ double from(A v) { return static_cast<double>(v); }
+};
+template <>
+struct Narrow<half_t> {
+  template <typename A>
+  static __device__ __forceinline__ half_t from(A v) {
+    half_t h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h.bits) : "f"(static_cast<float>(v)));
+    return h;
+  }
+};
+template <>
+struct Narrow<bf16_t> {
+  template <typename A>
+  static __device__ __forceinline__ bf16_t from(A v) {
+    const float f = static_cast<float>(v);
+    bf16_t h;
+#if __CUDA_ARCH__ >= 800
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h.bits) : "f"(f));
+#else
+    unsigned int u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) {
+      h.bits = static_cast<unsigned short>((u >> 16) | 0x0040u);  // quiet NaN, sign kept
+    } else {
+      u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
+      h.bits = static_cast<unsigned short>(u >> 16);
+    }
+#endif
+    return h;
+  }
+};
+
+template <typename T, typename A>
+__device__ __forceinline__ T narrow(A v) {
+  return Narrow<T>::from(v);
+}
+
+// ------------------------------------------------------------------ vector access
+template <typename T, int VEC>
+struct alignas(sizeof(T) * VEC) Pack {
+  T v[VEC];
+};
+
+// Loads VEC elements at p (aligned to VEC*sizeof(T)) and widens them to A.
+template <typename A, typename T, int VEC>
+__device__ __forceinline__ void load_pack(const T* __restrict__ p, A (&out)[VEC]) {
+  const Pack<T, VEC> pk = *reinterpret_cast<const Pack<T, VEC>*>(p);
+#pragma unroll
+  for (int k = 0; k < VEC; ++k) out[k] = static_cast<A>(widen(pk.v[k]));
+}
+
+// Narrows VEC values to T and stores them at p (aligned to VEC*sizeof(T)).
+template <typename T, typename A, int VEC>
+__device__ __forceinline__ void store_pack(T* __restrict__ p, const A (&in)[VEC]) {
+  Pack<T, VEC> pk;
+#pragma unroll
+  for (int k = 0; k < VEC; ++k) pk.v[k] = narrow<T>(in[k]);
+  *reinterpret_cast<Pack<T, VEC>*>(p) = pk;
+}
+
+// ------------------------------------------------------------------ reductions
+template <typename A>
+__device__ __forceinline__ A shfl_xor(unsigned mask, A v, int lane_mask) {
+  return __shfl_xor_sync(mask, v, lane_mask);
+}
+
+// Sum over the TPR consecutive threads that share a row. Every thread of the group gets the
+// same bits back (the butterfly adds the same pairs in every lane; the cross-warp step sums the
+// warp partials in one fixed order in every thread).
+//   TPR <= 32: the group is an aligned slice of a warp; only its lanes take part.
+//   TPR  > 32: the group is the whole block (TPR == blockDim.x); `red` holds TPR/32 values and
+//              the call contains __syncthreads(), so every thread of the block must call it.
+template <int TPR, typename A>
+__device__ __forceinline__ A group_sum(A v, A* red) {
+  if constexpr (TPR <= 32) {
+    unsigned mask = 0xffffffffu;
+    if constexpr (TPR < 32) mask = ((1u << TPR) - 1u) << ((threadIdx.x & 31u) / TPR * TPR);
+#pragma unroll
+    for (int o = TPR / 2; o > 0; o /= 2) v += shfl_xor(mask, v, o);
+    return v;
+  } else {
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) v += shfl_xor(0xffffffffu, v, o);
+    __syncthreads();  // the previous use of `red` is finished in every thread
+    if ((threadIdx.x & 31u) == 0) red[threadIdx.x >> 5] = v;
+    __syncthreads();
+    A t = red[0];
+#pragma unroll
+    for (int i = 1; i < TPR / 32; ++i) t += red[i];
+    return t;
+  }
+}
+
+// Two sums in one pass of synchronisation (the backward needs sum(xhat*wdy) and sum(wdy)).
+template <int TPR, typename A>
+__device__ __forceinline__ void group_sum2(A& a, A& b, A* red) {
+  if constexpr (TPR <= 32) {
+    a = group_sum<TPR>(a, red);
+    b = group_sum<TPR>(b, red);
+  } else {
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) {
+      a += shfl_xor(0xffffffffu, a, o);
+      b += shfl_xor(0xffffffffu, b, o);
+    }
+    __syncthreads();
+    if ((threadIdx.x & 31u) == 0) {
+      red[threadIdx.x >> 5] = a;
+      red[TPR / 32 + (threadIdx.x >> 5)] = b;
+    }
+    __syncthreads();
+    A ta = red[0], tb = red[TPR / 32];
+#pragma unroll
+    for (int i = 1; i < TPR / 32; ++i) {
+      ta += red[i];
+      tb += red[TPR / 32 + i];
+    }
+    a = ta;
+    b = tb;
+  }
+}
+
+template <typename A>
+__device__ __forceinline__ A rsqrt_acc(A v);
+template <>
+__device__ __forceinline__ float rsqrt_acc<float>(float v) { return rsqrtf(v); }
+template <>
+__device__ __forceinline__ double rsqrt_acc<double>(double v) { return rsqrt(v); }
+
+}  // namespace cupyln

@@ -1,0 +1,286 @@
+// cupyln/kernels/layer_norm_bwd.cu -- LayerNorm backward: dx, and dw/db as float32 partials.
+//
+// With xhat = (x - mean) * rstd and g = dy * w (g = dy without w):
+//   dx = rstd * (g - mean_N(g) - xhat * mean_N(g * xhat))
+//   dw = sum over rows of dy * xhat,    db = sum over rows of dy.
+// Inputs : dy, x [M, N] of T (own row strides, last dim contiguous), w [N] of TW or nullptr,
+//          mean, rstd [M] of A = AccOf<T>.
+// Outputs: dx [M, N] of T, contiguous; dw_part, db_part [G, N] of A (dw_part may be nullptr
+//          when no dw is wanted), summed afterwards by ln_partial_reduce in a fixed order.
+//
+// Determinism: every partial slot is written by exactly one block, every block writes its whole
+// slot (zeros when it owned no row), rows are visited in a fixed order and all sums are in a
+// fixed order, so the same inputs give bitwise-identical dw/db. No atomics anywhere.
+#include "common.cuh"
+
+namespace cupyln {
+
+// Tier "reg": x and dy rows in registers, fused dx + dw/db.
+//   Layout as ln_fwd_reg (TPR threads per row, ITEMS vectors of VEC per thread). The grid is
+//   persistent (G = gridDim.x blocks walk the rows) and each thread keeps dw/db accumulators
+//   for its own columns in registers across all rows it visits. At the end the BLOCK / TPR
+//   row groups of a block are combined through shared memory in group order and the block
+//   writes row blockIdx.x of dw_part / db_part.
+// Limits: N <= TPR * ITEMS * VEC; 4 * ITEMS * VEC registers of A for data (launcher: <= 16).
+template <typename T, typename TW, int VEC, int ITEMS, int TPR, int BLOCK>
+__global__ void __launch_bounds__(BLOCK, 1)
+    ln_bwd_reg(const T* __restrict__ dy, const i64 dy_stride, const T* __restrict__ x,
+               const i64 x_stride, const TW* __restrict__ w,
+               const typename AccOf<T>::type* __restrict__ mean,
+               const typename AccOf<T>::type* __restrict__ rstd, T* __restrict__ dx,
+               typename AccOf<T>::type* __restrict__ dw_part,
+               typename AccOf<T>::type* __restrict__ db_part, const i64 M, const int N) {
+  typedef typename AccOf<T>::type A;
+  static_assert(TPR <= 32 ? (32 % TPR == 0 && BLOCK % 32 == 0) : TPR == BLOCK, "bad tiling");
+  static_assert(BLOCK % 32 == 0 && BLOCK <= 1024, "bad block");
+  constexpr int ROWS = BLOCK / TPR;
+  constexpr int SLOTS = TPR * ITEMS * VEC;  // padded row length owned by one row group
+  __shared__ A red[TPR > 32 ? 2 * (TPR / 32) : 1];
+
+  const int lane = threadIdx.x % TPR;
+  const A inv_n = A(1) / A(N);
+
+  A dw_acc[ITEMS][VEC], db_acc[ITEMS][VEC];
+#pragma unroll
+  for (int i = 0; i < ITEMS; ++i) {
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) dw_acc[i][k] = db_acc[i][k] = 0;
+  }
+
+  for (i64 row = static_cast<i64>(blockIdx.x) * ROWS + threadIdx.x / TPR; row < M;
+       row += static_cast<i64>(gridDim.x) * ROWS) {
+    const T* __restrict__ xr = x + row * x_stride;
+    const T* __restrict__ gr = dy + row * dy_stride;
+    const A mu = mean[row];
+    const A r = rstd[row];
+
+    A xv[ITEMS][VEC], gv[ITEMS][VEC];
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+      const int col = (i * TPR + lane) * VEC;
+      if (col < N) {
+        load_pack<A, T, VEC>(xr + col, xv[i]);
+        load_pack<A, T, VEC>(gr + col, gv[i]);
+      }
+    }
+
+    A s1 = 0, s2 = 0;  // sum(xhat * g), sum(g)
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+      const int col = (i * TPR + lane) * VEC;
+      if (col < N) {
+        A p[VEC];
+        if (w != nullptr) load_pack<A, TW, VEC>(w + col, p);
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) {
+          const A xhat = (xv[i][k] - mu) * r;
+          dw_acc[i][k] += gv[i][k] * xhat;
+          db_acc[i][k] += gv[i][k];
+          const A g = w != nullptr ? gv[i][k] * p[k] : gv[i][k];
+          xv[i][k] = xhat;
+          gv[i][k] = g;
+          s1 += xhat * g;
+          s2 += g;
+        }
+      }
+    }
+    group_sum2<TPR>(s1, s2, red);
+    const A c1 = s1 * inv_n, c2 = s2 * inv_n;
+
+    T* __restrict__ dxr = dx + row * N;
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+      const int col = (i * TPR + lane) * VEC;
+      if (col < N) {
+        A o[VEC];
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) o[k] = (gv[i][k] - (xv[i][k] * c1 + c2)) * r;
+        store_pack<T, A, VEC>(dxr + col, o);
+      }
+    }
+  }
+
+  // ---- this block's dw/db partial row
+  A* __restrict__ dw_out = dw_part != nullptr ? dw_part + static_cast<i64>(blockIdx.x) * N : nullptr;
+  A* __restrict__ db_out = db_part + static_cast<i64>(blockIdx.x) * N;
+  if constexpr (ROWS == 1) {
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+      const int col = (i * TPR + lane) * VEC;
+      if (col < N) {
+        if (dw_out != nullptr) store_pack<A, A, VEC>(dw_out + col, dw_acc[i]);
+        store_pack<A, A, VEC>(db_out + col, db_acc[i]);
+      }
+    }
+  } else {
+    __shared__ A buf[ROWS * SLOTS];
+    A* mine = buf + (threadIdx.x / TPR) * SLOTS;
+    const int ncols = N < SLOTS ? N : SLOTS;
+#pragma unroll
+    for (int pass = 0; pass < 2; ++pass) {
+      A* out = pass == 0 ? dw_out : db_out;
+      if (out == nullptr) continue;  // uniform: dw not wanted
+#pragma unroll
+      for (int i = 0; i < ITEMS; ++i) {
+#pragma unroll
+        for (int k = 0; k < VEC; ++k)
+          mine[(i * TPR + lane) * VEC + k] = pass == 0 ? dw_acc[i][k] : db_acc[i][k];
+      }
+      __syncthreads();
+      for (int c = threadIdx.x; c < ncols; c += BLOCK) {
+        A t = buf[c];
+#pragma unroll
+        for (int g = 1; g < ROWS; ++g) t += buf[g * SLOTS + c];
+        out[c] = t;
+      }
+      __syncthreads();
+    }
+  }
+}
+
+// Tier "row": dx for rows too wide for registers, one block per row.
+//   Pass 1 reads x and dy (copying them to shared memory with STAGE: 2 * N elements of T) and
+//   forms the two row sums; pass 2 recomputes xhat and g from shared memory (or from global
+//   memory without STAGE) and writes dx. dw/db come from ln_bwd_dwdb_cols.
+// Limits: any N < 2^31 - BLOCK * VEC.
+template <typename T, typename TW, int VEC, int BLOCK, bool STAGE>
+__global__ void __launch_bounds__(BLOCK, 1)
+    ln_bwd_row(const T* __restrict__ dy, const i64 dy_stride, const T* __restrict__ x,
+               const i64 x_stride, const TW* __restrict__ w,
+               const typename AccOf<T>::type* __restrict__ mean,
+               const typename AccOf<T>::type* __restrict__ rstd, T* __restrict__ dx,
+               const i64 M, const int N) {
+  typedef typename AccOf<T>::type A;
+  static_assert(BLOCK % 32 == 0 && BLOCK <= 1024, "bad block");
+  extern __shared__ __align__(16) unsigned char dyn_smem[];
+  T* stage_x = reinterpret_cast<T*>(dyn_smem);
+  T* stage_g = stage_x + N;  // N is a multiple of VEC, so stage_g keeps the pack alignment
+  __shared__ A red[2 * (BLOCK / 32)];
+  const A inv_n = A(1) / A(N);
+
+  for (i64 row = blockIdx.x; row < M; row += gridDim.x) {
+    const T* __restrict__ xr = x + row * x_stride;
+    const T* __restrict__ gr = dy + row * dy_stride;
+    const A mu = mean[row];
+    const A r = rstd[row];
+
+    A s1 = 0, s2 = 0;
+    for (int col = threadIdx.x * VEC; col < N; col += BLOCK * VEC) {
+      A xv[VEC], gv[VEC], p[VEC];
+      if constexpr (STAGE) {
+        const Pack<T, VEC> rx = *reinterpret_cast<const Pack<T, VEC>*>(xr + col);
+        const Pack<T, VEC> rg = *reinterpret_cast<const Pack<T, VEC>*>(gr + col);
+        *reinterpret_cast<Pack<T, VEC>*>(stage_x + col) = rx;
+        *reinterpret_cast<Pack<T, VEC>*>(stage_g + col) = rg;
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) {
+          xv[k] = static_cast<A>(widen(rx.v[k]));
+          gv[k] = static_cast<A>(widen(rg.v[k]));
+        }
+      } else {
+        load_pack<A, T, VEC>(xr + col, xv);
+        load_pack<A, T, VEC>(gr + col, gv);
+      }
+      if (w != nullptr) load_pack<A, TW, VEC>(w + col, p);
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) {
+        const A xhat = (xv[k] - mu) * r;
+        const A g = w != nullptr ? gv[k] * p[k] : gv[k];
+        s1 += xhat * g;
+        s2 += g;
+      }
+    }
+    group_sum2<BLOCK>(s1, s2, red);
+    const A c1 = s1 * inv_n, c2 = s2 * inv_n;
+
+    const T* __restrict__ src_x = STAGE ? stage_x : xr;
+    const T* __restrict__ src_g = STAGE ? stage_g : gr;
+    T* __restrict__ dxr = dx + row * N;
+    for (int col = threadIdx.x * VEC; col < N; col += BLOCK * VEC) {
+      A xv[VEC], gv[VEC], p[VEC];
+      load_pack<A, T, VEC>(src_x + col, xv);
+      load_pack<A, T, VEC>(src_g + col, gv);
+      if (w != nullptr) load_pack<A, TW, VEC>(w + col, p);
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) {
+        const A xhat = (xv[k] - mu) * r;
+        const A g = w != nullptr ? gv[k] * p[k] : gv[k];
+        xv[k] = (g - (xhat * c1 + c2)) * r;
+      }
+      store_pack<T, A, VEC>(dxr + col, xv);
+    }
+  }
+}
+
+// dw/db partials for the "row" tier: column tiles over row slices.
+//   Block (32, 8): threadIdx.x picks a column of the tile, threadIdx.y strides over the rows of
+//   slice blockIdx.y (rows [blockIdx.y * rows_per_slice, +rows_per_slice)). The 8 partial sums
+//   are added in y order and the block writes row blockIdx.y of dw_part / db_part.
+template <typename T>
+__global__ void __launch_bounds__(256, 1)
+    ln_bwd_dwdb_cols(const T* __restrict__ dy, const i64 dy_stride, const T* __restrict__ x,
+                     const i64 x_stride, const typename AccOf<T>::type* __restrict__ mean,
+                     const typename AccOf<T>::type* __restrict__ rstd,
+                     typename AccOf<T>::type* __restrict__ dw_part,
+                     typename AccOf<T>::type* __restrict__ db_part, const i64 M, const int N,
+                     const i64 rows_per_slice) {
+  typedef typename AccOf<T>::type A;
+  __shared__ A sdw[8][32], sdb[8][32];
+  const int col = blockIdx.x * 32 + threadIdx.x;
+  const i64 r0 = static_cast<i64>(blockIdx.y) * rows_per_slice;
+  const i64 r1 = r0 + rows_per_slice < M ? r0 + rows_per_slice : M;
+  A dwa = 0, dba = 0;
+  if (col < N) {
+    for (i64 row = r0 + threadIdx.y; row < r1; row += 8) {
+      const A g = static_cast<A>(widen(dy[row * dy_stride + col]));
+      const A xhat = (static_cast<A>(widen(x[row * x_stride + col])) - mean[row]) * rstd[row];
+      dwa += g * xhat;
+      dba += g;
+    }
+  }
+  sdw[threadIdx.y][threadIdx.x] = dwa;
+  sdb[threadIdx.y][threadIdx.x] = dba;
+  __syncthreads();
+  if (threadIdx.y == 0 && col < N) {
+#pragma unroll
+    for (int j = 1; j < 8; ++j) {
+      dwa += sdw[j][threadIdx.x];
+      dba += sdb[j][threadIdx.x];
+    }
+    const i64 o = static_cast<i64>(blockIdx.y) * N + col;
+    if (dw_part != nullptr) dw_part[o] = dwa;
+    db_part[o] = dba;
+  }
+}
+
+// dw[c] = sum_g dw_part[g, c], db[c] = sum_g db_part[g, c], in a fixed order, cast to TW / TB.
+//   Block (32, 8): threadIdx.y takes every 8th partial row, then the 8 sums are added in y order.
+template <typename A, typename TW, typename TB>
+__global__ void __launch_bounds__(256, 1)
+    ln_partial_reduce(const A* __restrict__ dw_part, const A* __restrict__ db_part, const int G,
+                      const int N, TW* __restrict__ dw, TB* __restrict__ db) {
+  __shared__ A sdw[8][32], sdb[8][32];
+  const int col = blockIdx.x * 32 + threadIdx.x;
+  A dwa = 0, dba = 0;
+  if (col < N) {
+    for (int g = threadIdx.y; g < G; g += 8) {
+      const i64 o = static_cast<i64>(g) * N + col;
+      if (dw_part != nullptr) dwa += dw_part[o];
+      dba += db_part[o];
+    }
+  }
+  sdw[threadIdx.y][threadIdx.x] = dwa;
+  sdb[threadIdx.y][threadIdx.x] = dba;
+  __syncthreads();
+  if (threadIdx.y == 0 && col < N) {
+#pragma unroll
+    for (int j = 1; j < 8; ++j) {
+      dwa += sdw[j][threadIdx.x];
+      dba += sdb[j][threadIdx.x];
+    }
+    if (dw != nullptr) dw[col] = narrow<TW>(dwa);
+    db[col] = narrow<TB>(dba);
+  }
+}
+
+}  // namespace cupyln

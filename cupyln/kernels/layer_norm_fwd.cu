@@ -1,0 +1,189 @@
+// cupyln/kernels/layer_norm_fwd.cu -- LayerNorm forward: y = (x - mean) * rstd * w + b.
+//
+// Inputs : x [M, N] of T, row r at x + r * x_stride (last dim contiguous); w [N] of TW and
+//          b [N] of TB, each optional (nullptr = no scale / no shift).
+// Outputs: y [M, N] of T, contiguous; mean [M] and rstd [M] of A = AccOf<T> (float, or double
+//          for double input), rstd = 1 / sqrt(biased variance + eps).
+//
+// Statistics are exact two-pass from on-chip storage: the row is read from HBM once, its sum
+// gives the mean, the sum of squared deviations from that mean gives the variance (never
+// E[x^2] - E[x]^2), and y is written once. Values are shifted by the row's first element
+// before summing, so rows with a large mean (1e4 + noise) keep full float32 precision.
+// Padding lanes hold 0 in the first pass and are skipped in the second.
+//
+// Rows are walked with a grid-stride loop (64-bit row offsets; any M with a grid the launcher
+// sizes to the resident capacity). Vector width VEC is chosen by the host so that N, the row
+// stride and every pointer are multiples of VEC elements (16-byte accesses where possible).
+#include "common.cuh"
+
+namespace cupyln {
+
+// Tier "reg": the row lives in registers.
+//   TPR threads share a row, each holding ITEMS vectors of VEC elements, vector i of thread t at
+//   columns [(i * TPR + t) * VEC, +VEC) (so a warp's accesses to one vector slot are contiguous).
+//   TPR <= 32: BLOCK / TPR rows per block, reductions by warp shuffles inside the row's lanes.
+//   TPR == BLOCK > 32: one row per block, reductions across warps through shared memory.
+// Limits: N <= TPR * ITEMS * VEC; registers grow with ITEMS * VEC (the launcher keeps it <= 32
+// values of A, 16 for double).
+template <typename T, typename TW, typename TB, int VEC, int ITEMS, int TPR, int BLOCK>
+__global__ void __launch_bounds__(BLOCK, 1)
+    ln_fwd_reg(const T* __restrict__ x, const i64 x_stride, T* __restrict__ y,
+               const TW* __restrict__ w, const TB* __restrict__ b,
+               typename AccOf<T>::type* __restrict__ mean,
+               typename AccOf<T>::type* __restrict__ rstd, const i64 M, const int N,
+               const typename AccOf<T>::type eps) {
+  typedef typename AccOf<T>::type A;
+  static_assert(TPR <= 32 ? (32 % TPR == 0 && BLOCK % 32 == 0) : TPR == BLOCK, "bad tiling");
+  static_assert(BLOCK % 32 == 0 && BLOCK <= 1024, "bad block");
+  constexpr int ROWS = BLOCK / TPR;
+  __shared__ A red[TPR > 32 ? TPR / 32 : 1];
+
+  const int lane = threadIdx.x % TPR;
+  const A inv_n = A(1) / A(N);
+
+  for (i64 row = static_cast<i64>(blockIdx.x) * ROWS + threadIdx.x / TPR; row < M;
+       row += static_cast<i64>(gridDim.x) * ROWS) {
+    const T* __restrict__ xr = x + row * x_stride;
+    const A shift = static_cast<A>(widen(xr[0]));
+
+    A v[ITEMS][VEC];
+    A s = 0;
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+      const int col = (i * TPR + lane) * VEC;
+      if (col < N) {
+        load_pack<A, T, VEC>(xr + col, v[i]);
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) {
+          v[i][k] -= shift;
+          s += v[i][k];
+        }
+      } else {
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) v[i][k] = 0;
+      }
+    }
+    const A mu = group_sum<TPR>(s, red) * inv_n;  // mean of (x - shift)
+
+    A ss = 0;
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+      if ((i * TPR + lane) * VEC < N) {
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) {
+          v[i][k] -= mu;
+          ss += v[i][k] * v[i][k];
+        }
+      }
+    }
+    const A r = rsqrt_acc(group_sum<TPR>(ss, red) * inv_n + eps);
+    if (lane == 0) {
+      mean[row] = shift + mu;
+      rstd[row] = r;
+    }
+
+    T* __restrict__ yr = y + row * N;
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+      const int col = (i * TPR + lane) * VEC;
+      if (col < N) {
+        A o[VEC], p[VEC];
+        if (w != nullptr) {
+          load_pack<A, TW, VEC>(w + col, p);
+#pragma unroll
+          for (int k = 0; k < VEC; ++k) o[k] = v[i][k] * r * p[k];
+        } else {
+#pragma unroll
+          for (int k = 0; k < VEC; ++k) o[k] = v[i][k] * r;
+        }
+        if (b != nullptr) {
+          load_pack<A, TB, VEC>(b + col, p);
+#pragma unroll
+          for (int k = 0; k < VEC; ++k) o[k] += p[k];
+        }
+        store_pack<T, A, VEC>(yr + col, o);
+      }
+    }
+  }
+}
+
+// Tier "row": one block per row for rows too wide for registers.
+//   Each thread walks columns threadIdx.x * VEC + j * BLOCK * VEC. With STAGE, the first pass
+//   copies the row into dynamic shared memory (N elements of T) and the two later passes read it
+//   from there, so HBM sees one read of x; each thread reads back only what it wrote, so the
+//   staging needs no barrier. Without STAGE (rows past the shared-memory limit) the later passes
+//   read x again from global memory: a slower path, never a wrong one.
+// Limits: any N < 2^31 - BLOCK * VEC.
+template <typename T, typename TW, typename TB, int VEC, int BLOCK, bool STAGE>
+__global__ void __launch_bounds__(BLOCK, 1)
+    ln_fwd_row(const T* __restrict__ x, const i64 x_stride, T* __restrict__ y,
+               const TW* __restrict__ w, const TB* __restrict__ b,
+               typename AccOf<T>::type* __restrict__ mean,
+               typename AccOf<T>::type* __restrict__ rstd, const i64 M, const int N,
+               const typename AccOf<T>::type eps) {
+  typedef typename AccOf<T>::type A;
+  static_assert(BLOCK % 32 == 0 && BLOCK <= 1024, "bad block");
+  extern __shared__ __align__(16) unsigned char dyn_smem[];
+  T* stage = reinterpret_cast<T*>(dyn_smem);
+  __shared__ A red[BLOCK / 32];
+  const A inv_n = A(1) / A(N);
+
+  for (i64 row = blockIdx.x; row < M; row += gridDim.x) {
+    const T* __restrict__ xr = x + row * x_stride;
+    const A shift = static_cast<A>(widen(xr[0]));
+
+    A s = 0;
+    for (int col = threadIdx.x * VEC; col < N; col += BLOCK * VEC) {
+      A v[VEC];
+      if constexpr (STAGE) {
+        const Pack<T, VEC> raw = *reinterpret_cast<const Pack<T, VEC>*>(xr + col);
+        *reinterpret_cast<Pack<T, VEC>*>(stage + col) = raw;
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) v[k] = static_cast<A>(widen(raw.v[k]));
+      } else {
+        load_pack<A, T, VEC>(xr + col, v);
+      }
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) s += v[k] - shift;
+    }
+    const A mu = group_sum<BLOCK>(s, red) * inv_n;
+    const T* __restrict__ src = STAGE ? stage : xr;
+
+    A ss = 0;
+    for (int col = threadIdx.x * VEC; col < N; col += BLOCK * VEC) {
+      A v[VEC];
+      load_pack<A, T, VEC>(src + col, v);
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) {
+        const A d = v[k] - shift - mu;
+        ss += d * d;
+      }
+    }
+    const A r = rsqrt_acc(group_sum<BLOCK>(ss, red) * inv_n + eps);
+    if (threadIdx.x == 0) {
+      mean[row] = shift + mu;
+      rstd[row] = r;
+    }
+
+    T* __restrict__ yr = y + row * N;
+    for (int col = threadIdx.x * VEC; col < N; col += BLOCK * VEC) {
+      A v[VEC], p[VEC];
+      load_pack<A, T, VEC>(src + col, v);
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) v[k] = (v[k] - shift - mu) * r;
+      if (w != nullptr) {
+        load_pack<A, TW, VEC>(w + col, p);
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) v[k] *= p[k];
+      }
+      if (b != nullptr) {
+        load_pack<A, TB, VEC>(b + col, p);
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) v[k] += p[k];
+      }
+      store_pack<T, A, VEC>(yr + col, v);
+    }
+  }
+}
+
+}  // namespace cupyln
