@@ -7,7 +7,7 @@ nothing. Kernels run on the device that holds ``x`` and on that device's current
 from __future__ import annotations
 
 import math
-from functools import lru_cache
+from functools import cache, lru_cache
 from typing import NamedTuple
 
 import numpy
@@ -124,7 +124,7 @@ class _Device(NamedTuple):
     smem_optin: int
 
 
-@lru_cache(maxsize=None)
+@cache
 def _device(device_id: int) -> _Device:
     attrs = _cupy().cuda.Device(device_id).attributes
     return _Device(attrs["MultiProcessorCount"], attrs["MaxSharedMemoryPerBlockOptin"])
@@ -203,7 +203,8 @@ def forward(x, w=None, b=None, eps=1e-5, *, out=None):
     eps = _check_eps(eps)
     acc = acc_dtype(x.dtype)
     lead = x.shape[:-1]
-    outs = _check_outs(out, ("y", "mean", "rstd"), ((x.shape, x.dtype), (lead, acc), (lead, acc)), dev)
+    specs = ((x.shape, x.dtype), (lead, acc), (lead, acc))
+    outs = _check_outs(out, ("y", "mean", "rstd"), specs, dev)
 
     cupy = _cupy()
     with _OnDevice(dev):
@@ -266,11 +267,15 @@ def backward(dy, x, w, mean, rstd, *, bias_dtype=None, out=None):
             raise TypeError(f"{name} must be {acc.name} for {x.dtype} x; got {a.dtype}")
         if a.shape != lead:
             raise ValueError(f"{name} must have shape x.shape[:-1] = {lead}; got {a.shape}")
-    db_dtype = numpy.dtype(bias_dtype) if bias_dtype is not None else (w.dtype if w is not None else x.dtype)
+    if bias_dtype is not None:
+        db_dtype = numpy.dtype(bias_dtype)
+    else:
+        db_dtype = w.dtype if w is not None else x.dtype
     if db_dtype not in TABLE:
         raise TypeError(f"bias_dtype must be one of {', '.join(SUPPORTED_NAMES)}; got {db_dtype}")
     wdt = x.dtype if w is None else w.dtype
-    outs = _check_outs(out, ("dx", "dw", "db"), ((x.shape, x.dtype), ((n,), wdt), ((n,), db_dtype)), dev)
+    specs = ((x.shape, x.dtype), ((n,), wdt), ((n,), db_dtype))
+    outs = _check_outs(out, ("dx", "dw", "db"), specs, dev)
 
     cupy = _cupy()
     with _OnDevice(dev):
@@ -313,5 +318,6 @@ def backward(dy, x, w, mean, rstd, *, bias_dtype=None, out=None):
                  (dy2, numpy.int64(gs), x2, numpy.int64(xs), mean, rstd, dw_part, part[1],
                   numpy.int64(m), numpy.int32(n), numpy.int64(per)))  # fmt: skip
         red((-(-n // 32),), _launch.REDUCE_BLOCK,
-            (dw_part, part[1], numpy.int32(g), numpy.int32(n), _NULL if dw is None else dw, db))  # fmt: skip
+            (dw_part, part[1], numpy.int32(g), numpy.int32(n), _NULL if dw is None else dw,
+             db))  # fmt: skip
     return dx, dw, db

@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import re
 import threading
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 KERNEL_DIR = Path(__file__).resolve().parent / "kernels"
@@ -39,7 +39,7 @@ def _inline(path: Path, seen: set[Path]) -> str:
     return _INCLUDE.sub(repl, text).replace("#pragma once", "")
 
 
-@lru_cache(maxsize=None)
+@cache
 def source(name: str) -> tuple[str, str]:
     """(text of kernels/<name> with local includes inlined, its sha256)."""
     text = _inline((KERNEL_DIR / name).resolve(), set())

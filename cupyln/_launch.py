@@ -103,7 +103,8 @@ def forward_plan(n: int, x_dtype, w_dtype, b_dtype, vec: int, smem_limit: int) -
     stage = row_bytes <= smem_limit - STATIC_SMEM_MARGIN
     block = FWD_ROW_BLOCK
     expr = _compile.template("ln_fwd_row", tx, tw, tb, vec, block, stage)
-    return Plan(_compile.FWD_SOURCE, expr, "row", vec, 0, block, block, 1, row_bytes if stage else 0)
+    smem = row_bytes if stage else 0
+    return Plan(_compile.FWD_SOURCE, expr, "row", vec, 0, block, block, 1, smem)
 
 
 def backward_plan(n: int, x_dtype, w_dtype, vec: int, smem_limit: int) -> Plan:
@@ -119,7 +120,8 @@ def backward_plan(n: int, x_dtype, w_dtype, vec: int, smem_limit: int) -> Plan:
     stage = row_bytes <= smem_limit - STATIC_SMEM_MARGIN
     block = BWD_ROW_BLOCK
     expr = _compile.template("ln_bwd_row", tx, tw, vec, block, stage)
-    return Plan(_compile.BWD_SOURCE, expr, "row", vec, 0, block, block, 1, row_bytes if stage else 0)
+    smem = row_bytes if stage else 0
+    return Plan(_compile.BWD_SOURCE, expr, "row", vec, 0, block, block, 1, smem)
 
 
 def dwdb_cols_expr(x_dtype) -> str:

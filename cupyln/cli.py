@@ -1,0 +1,176 @@
+"""``python -m cupyln``: ``info`` (versions, GPU, cache), ``check`` (correctness against the
+float64 reference, the Triton tutorial's own check first) and ``bench`` (GB/s against copy)."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import os
+import sys
+
+
+def _gpu_count() -> tuple[int, str]:
+    """(number of CUDA devices, why none when 0)."""
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount(), ""
+    except ImportError as e:
+        return 0, f"CuPy is not installed ({e}); pip install 'cupyln[cuda12]'"
+    except Exception as e:  # noqa: BLE001 - any CUDA error means: no usable GPU
+        return 0, f"{type(e).__name__}: {e}"
+
+
+def cmd_info(_args) -> int:
+    import numpy
+
+    import cupyln
+
+    print(f"cupyln {cupyln.__version__}  numpy {numpy.__version__}")
+    try:
+        import cupy
+        from cupy_backends.cuda.libs import nvrtc
+    except ImportError as e:
+        print(f"CuPy: not installed ({e})")
+        return 0
+    print(f"CuPy {cupy.__version__}  NVRTC {'.'.join(map(str, nvrtc.getVersion()))}")
+    rt = cupy.cuda.runtime
+    driver = rt.driverGetVersion()
+    print(f"CUDA runtime {rt.runtimeGetVersion()}  driver {driver or 'none'}")
+    default = os.path.join(os.path.expanduser("~"), ".cupy", "kernel_cache")
+    print(f"kernel cache: {os.environ.get('CUPY_CACHE_DIR', default)} (CuPy's, CUPY_CACHE_DIR)")
+    n, why = _gpu_count()
+    if n == 0:
+        print(f"GPU: none found ({why})")
+    for i in range(n):
+        p = rt.getDeviceProperties(i)
+        print(
+            f"GPU {i}: {p['name'].decode()}  sm_{p['major']}{p['minor']}  "
+            f"{p['multiProcessorCount']} SMs  {p['totalGlobalMem'] / 2**30:.0f} GiB  "
+            f"L2 {p['l2CacheSize'] / 2**20:.0f} MiB"
+        )
+    return 0
+
+
+# (label, shape, x dtype, w dtype, b dtype): odd widths, mixed dtypes, the tiers' edges
+CHECK_CASES = (
+    ("odd N, fp32", (37, 769), "float32", "float32", "float32"),
+    ("bf16 x, fp32 w/b", (300, 4096), "bfloat16", "float32", "float32"),
+    ("N = 3, no affine", (1000, 3), "float16", None, None),
+    ("N = 1", (5, 1), "float32", "float32", "float32"),
+    ("rank 3, fp64", (4, 7, 1000), "float64", "float64", "float64"),
+    ("N = 65537, shared-memory tier", (6, 65537), "bfloat16", "bfloat16", "bfloat16"),
+    ("N = 10^6, re-read tier", (2, 1_000_000), "float32", "float32", "float32"),
+    ("M > 65535", (70000, 128), "bfloat16", "bfloat16", None),
+)
+
+
+def _check_case(label, shape, xdt, wdt, bdt, tutorial=False) -> bool:
+    import cupy
+
+    import cupyln
+    from cupyln import reference as ref
+
+    n = shape[-1]
+    m = math.prod(shape[:-1])
+    x = ref.sample(shape, xdt, seed=1)
+    w = None if wdt is None else ref.sample((n,), wdt, loc=0.5, scale=0.3, seed=2)
+    b = None if bdt is None else ref.sample((n,), bdt, loc=0.5, scale=0.3, seed=3)
+    dy = ref.sample(shape, xdt, loc=0.0, scale=0.1 if tutorial else 1.0, seed=4)
+    y, mean, rstd = cupyln.forward(x, w, b)
+    dx, dw, db = cupyln.backward(dy, x, w, mean, rstd, bias_dtype=bdt)
+    cupy.cuda.get_current_stream().synchronize()
+    yr, _, _ = ref.forward(x, w, b)
+    dxr, dwr, dbr = ref.backward(dy, x, w)
+    pairs = [("y", y, yr, 1.0), ("dx", dx, dxr, 1.0)]
+    if dw is not None:
+        pairs.append(("dw", dw, dwr, math.sqrt(m)))
+    if bdt is not None:
+        pairs.append(("db", db, dbr, math.sqrt(m)))
+    ok = True
+    parts = []
+    for name, out, r, scale in pairs:
+        err = float(cupy.abs(ref.to_float64(out) - r).max())
+        if tutorial:  # the tutorial's own criterion: allclose(atol=1e-2, rtol=0)
+            good = err <= 1e-2
+        else:
+            try:
+                ref.assert_close(out, r, name, atol_scale=scale)
+                good = True
+            except AssertionError as e:
+                print(f"    {e}")
+                good = False
+        ok &= good
+        parts.append(f"{name} {err:.2e}{'' if good else ' FAIL'}")
+    print(f"  {'ok  ' if ok else 'FAIL'} {label:32s} {str(shape):18s} {xdt:8s} " + "  ".join(parts))
+    return ok
+
+
+def cmd_check(_args) -> int:
+    n, why = _gpu_count()
+    if n == 0:
+        print(f"cupyln check needs a CUDA GPU, and none is usable here: {why}", file=sys.stderr)
+        return 2
+    print("max |out - ref| against the float64 reference:")
+    ok = _check_case(
+        "Triton tutorial check (atol 1e-2)", (1151, 8192), "float16", "float16", "float16", True
+    )
+    for case in CHECK_CASES:
+        ok &= _check_case(*case)
+    print("check passed" if ok else "check FAILED")
+    return 0 if ok else 1
+
+
+def cmd_bench(args) -> int:
+    n, why = _gpu_count()
+    if n == 0:
+        print(f"cupyln bench needs a CUDA GPU, and none is usable here: {why}", file=sys.stderr)
+        return 2
+    from cupyln import bench
+
+    ns = tuple(int(v) for v in args.n.split(",")) if args.n else bench.DEFAULT_NS
+
+    def show(r):
+        print(
+            f"{r.provider:8s} {r.dtype:9s} M={r.M:<8d} N={r.N:<6d} "
+            f"fwd {r.fwd_GBs:6.0f} GB/s ({r.fwd_of_copy:4.0%})  "
+            f"bwd {r.bwd_GBs:6.0f} GB/s ({r.bwd_of_copy:4.0%})",
+            flush=True,
+        )
+
+    copy, rows = bench.run(args.dtype, 2**args.log2_elements, ns, not args.no_torch, show)
+    print(f"device-to-device copy: {copy:.0f} GB/s (read + write)")
+    if args.csv:
+        with open(args.csv, "w", newline="") as f:
+            wr = csv.DictWriter(f, fieldnames=list(bench.as_dicts(rows)[0]))
+            wr.writeheader()
+            wr.writerows(bench.as_dicts(rows))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"copy_GBs": copy, "rows": bench.as_dicts(rows)}, f, indent=1)
+    return 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m cupyln", description=__doc__)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("info", help="versions, GPUs, kernel cache").set_defaults(fn=cmd_info)
+    sub.add_parser("check", help="correctness against the float64 reference").set_defaults(
+        fn=cmd_check
+    )
+    b = sub.add_parser("bench", help="GB/s of forward/backward against the copy bandwidth")
+    b.add_argument("--dtype", default="bfloat16", help="float32, float16, bfloat16, float64")
+    b.add_argument("--log2-elements", type=int, default=27, help="M*N = 2**this (default 27)")
+    b.add_argument("--n", default="", help="comma-separated row widths (default: the sweep)")
+    b.add_argument("--no-torch", action="store_true", help="skip the torch comparison")
+    b.add_argument("--csv", default="", help="write the rows to this CSV file")
+    b.add_argument("--json", default="", help="write copy bandwidth and rows to this JSON file")
+    b.set_defaults(fn=cmd_bench)
+    args = p.parse_args(argv)
+    return args.fn(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,134 @@
+"""Float64 reference LayerNorm, for tests, ``python -m cupyln check`` and the benchmarks.
+
+Works on NumPy or CuPy arrays (the result lives where the input does) and computes everything
+in float64 from the inputs' exact values, with the textbook two-pass formulas:
+
+    mean = sum(x) / N,  var = sum((x - mean)^2) / N,  rstd = 1 / sqrt(var + eps)
+    y  = (x - mean) * rstd * w + b
+    dx = rstd * (g - mean(g) - xhat * mean(g * xhat)),  g = dy * w,  xhat = (x - mean) * rstd
+    dw = sum_rows(dy * xhat),  db = sum_rows(dy)
+
+Also what every check shares: the bfloat16 conversions NumPy lacks (``to_float64``,
+``from_float32``: exact bit manipulations, round to nearest even), the seeds' input
+distribution (``sample``) and the one tolerance table (``TOLERANCE``, ``assert_close``).
+"""
+
+from __future__ import annotations
+
+import numpy
+
+from ._dtypes import BFLOAT16
+
+
+def _xp(a):
+    if type(a).__module__.split(".")[0] == "cupy":
+        import cupy
+
+        return cupy
+    return numpy
+
+
+def to_float64(a):
+    """Exact float64 copy of a float16/bfloat16/float32/float64 array (NumPy or CuPy)."""
+    xp = _xp(a)
+    if BFLOAT16 is not None and a.dtype == BFLOAT16:
+        bits = a.view(xp.uint16).astype(xp.uint32) << 16
+        return bits.view(xp.float32).astype(xp.float64)
+    return a.astype(xp.float64)
+
+
+def from_float32(a, dtype):
+    """``a`` (float32/float64) rounded to nearest even in ``dtype`` (bfloat16 included)."""
+    xp = _xp(a)
+    dtype = numpy.dtype(dtype)
+    if BFLOAT16 is not None and dtype == BFLOAT16:
+        u = xp.ascontiguousarray(a, dtype=xp.float32).view(xp.uint32)
+        rounded = (u + (0x7FFF + ((u >> 16) & 1))) >> 16
+        nan = (u & 0x7FFFFFFF) > 0x7F800000
+        bits = xp.where(nan, (u >> 16) | 0x40, rounded).astype(xp.uint16)
+        return bits.view(dtype)
+    return a.astype(dtype)
+
+
+#: |out - ref| <= atol + rtol * |ref|, by the output's dtype. The reference is exact float64 on
+#: the same (already rounded) inputs, so the error is the kernel's float32 arithmetic plus one
+#: rounding of the result: half an ulp is 2^-9 relative for bfloat16, 2^-12 for float16, 2^-25
+#: for float32; the table leaves a margin of 2-5x over that. Sums over rows (dw, db) scale atol
+#: by sqrt(M): their magnitude and rounding error grow with the number of rows.
+TOLERANCE = {
+    "float64": (1e-9, 1e-9),
+    "float32": (1e-4, 1e-4),
+    "float16": (2e-3, 2e-3),
+    "bfloat16": (1e-2, 1e-2),
+}
+
+
+def assert_close(out, ref, what, atol_scale=1.0):
+    """Raise AssertionError naming ``what`` unless ``out`` matches the float64 ``ref`` within
+    TOLERANCE[out.dtype] (atol times ``atol_scale``). NaN must match NaN position for position."""
+    xp = _xp(ref)
+    atol, rtol = TOLERANCE[out.dtype.name]
+    o = to_float64(out)
+    if _xp(o) is not xp:
+        o = xp.asarray(o)
+    if o.shape != ref.shape:
+        raise AssertionError(f"{what}: shape {o.shape} != reference {ref.shape}")
+    nan_o, nan_r = xp.isnan(o), xp.isnan(ref)
+    if not bool((nan_o == nan_r).all()):
+        raise AssertionError(
+            f"{what}: NaN in {int(nan_o.sum())} elements, reference has {int(nan_r.sum())}"
+        )
+    ok = ~nan_r
+    err = xp.where(ok, xp.abs(o - ref), 0.0)
+    allow = atol * atol_scale + rtol * xp.abs(xp.where(ok, ref, 0.0))
+    bad = err > allow
+    if bool(bad.any()):
+        i = int(xp.argmax(err / allow))
+        raise AssertionError(
+            f"{what} ({out.dtype}): {int(bad.sum())} of {o.size} elements off; worst "
+            f"|out - ref| = {float(err.ravel()[i]):.3g} at flat index {i} "
+            f"(ref {float(ref.ravel()[i]):.6g}, allowed {float(allow.ravel()[i]):.3g})"
+        )
+
+
+def sample(shape, dtype, loc=-2.3, scale=0.5, seed=None, xp=None):
+    """``loc + scale * randn`` rounded to ``dtype`` (the seeds' inputs: nonzero mean, no zeros).
+    CuPy arrays unless ``xp`` says otherwise."""
+    if xp is None:
+        import cupy as xp
+    dtype = numpy.dtype(dtype)
+    wide = xp.float64 if dtype.itemsize == 8 else xp.float32
+    a = loc + scale * xp.random.default_rng(seed).standard_normal(shape, dtype=wide)
+    return from_float32(a.astype(wide), dtype)
+
+
+def forward(x, w=None, b=None, eps=1e-5):
+    """(y, mean, rstd) in float64 for x (..., N); w, b optional of shape (N,)."""
+    x = to_float64(x)
+    mean = x.mean(axis=-1)
+    xc = x - mean[..., None]
+    var = (xc * xc).mean(axis=-1)
+    rstd = 1.0 / _xp(x).sqrt(var + eps)
+    y = xc * rstd[..., None]
+    if w is not None:
+        y = y * to_float64(w)
+    if b is not None:
+        y = y + to_float64(b)
+    return y, mean, rstd
+
+
+def backward(dy, x, w=None, eps=1e-5):
+    """(dx, dw, db) in float64; dw is None when w is None. mean/rstd recomputed from x."""
+    dy = to_float64(dy)
+    _, mean, rstd = forward(x, eps=eps)
+    x = to_float64(x)
+    n = x.shape[-1]
+    xhat = (x - mean[..., None]) * rstd[..., None]
+    g = dy * to_float64(w) if w is not None else dy
+    c1 = (g * xhat).sum(axis=-1, keepdims=True) / n
+    c2 = g.sum(axis=-1, keepdims=True) / n
+    dx = (g - xhat * c1 - c2) * rstd[..., None]
+    rows = tuple(range(x.ndim - 1))
+    dw = (dy * xhat).sum(axis=rows) if w is not None else None
+    db = dy.sum(axis=rows)
+    return dx, dw, db

@@ -1,0 +1,66 @@
+"""CPU tier: every kernel variant the launcher can choose compiles with NVRTC for sm_80 and
+sm_90 (no GPU or driver needed), and ptxas reports no stack frame, spill stores or loads."""
+
+import re
+
+import pytest
+
+from cupyln import _compile, _launch
+from cupyln._dtypes import TABLE
+
+from .test_launch import NS, SMEM_A100, SMEM_H100, _vecs
+
+DTYPES = list(TABLE)
+ARCHS = (80, 90)
+
+_REPORT = re.compile(
+    r"Compiling entry function '(\w+)' for 'sm_\d+'\n"
+    r".*?(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads",
+    re.S,
+)
+
+
+def variants(x_dtype):
+    """{source: sorted expressions} over every width, vector width and shared-memory limit,
+    plus every w/b dtype pairing for one register-tier and one row-tier shape."""
+    out = {_compile.FWD_SOURCE: set(), _compile.BWD_SOURCE: set()}
+    for smem in (SMEM_H100, SMEM_A100):
+        for vec in _vecs(x_dtype):
+            for n in NS:
+                if n % vec == 0:
+                    for p in (
+                        _launch.forward_plan(n, x_dtype, x_dtype, x_dtype, vec, smem),
+                        _launch.backward_plan(n, x_dtype, x_dtype, vec, smem),
+                    ):
+                        out[p.source].add(p.expr)
+    for tw in DTYPES:
+        for tb in DTYPES:
+            for n in (4096, 65536):
+                out[_compile.FWD_SOURCE].add(
+                    _launch.forward_plan(n, x_dtype, tw, tb, 1, SMEM_H100).expr
+                )
+            out[_compile.BWD_SOURCE].add(_launch.reduce_expr(x_dtype, tw, tb))
+        out[_compile.BWD_SOURCE].add(_launch.backward_plan(4096, x_dtype, tw, 1, SMEM_H100).expr)
+    out[_compile.BWD_SOURCE].add(_launch.dwdb_cols_expr(x_dtype))
+    return {k: sorted(v) for k, v in out.items()}
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("source", [_compile.FWD_SOURCE, _compile.BWD_SOURCE])
+@pytest.mark.parametrize("x_dtype", DTYPES, ids=lambda d: d.name)
+def test_every_variant_compiles_without_spills(x_dtype, source, arch):
+    exprs = variants(x_dtype)[source]
+    cubin, log, lowered = _compile.compile_cubin(source, exprs, arch)
+    assert cubin[:4] == b"\x7fELF"
+    reports = {m.group(1): tuple(map(int, m.group(2, 3, 4))) for m in _REPORT.finditer(log)}
+    names = {v: k for k, v in lowered.items()}
+    assert set(reports) == set(names), "ptxas did not report every kernel"
+    spilled = {names[f]: r for f, r in reports.items() if any(r)}
+    assert not spilled, f"stack frame / spill stores / spill loads: {spilled}"
+
+
+def test_includes_are_inlined_and_hashed():
+    text, digest = _compile.source(_compile.FWD_SOURCE)
+    assert '#include "common.cuh"' not in text and "struct bf16_t" in text
+    assert len(digest) == 64
+    assert _compile.template("k", "float", 4, True) == "cupyln::k<float, 4, true>"

@@ -1,0 +1,82 @@
+"""CPU tier: the launch heuristic returns a valid plan for every N it claims (any N >= 1),
+and the helpers around it (vector width, grid, dw/db slices) keep their limits."""
+
+import numpy as np
+import pytest
+
+from cupyln import _launch
+from cupyln._dtypes import TABLE
+
+SMEM_H100 = 232448  # sm_90 opt-in shared memory per block
+SMEM_A100 = 166912  # sm_80
+DTYPES = list(TABLE)
+
+# Every vector count of the register tiers, then rows that need the shared-memory and re-read
+# tiers; 760/769/1128/8193/65537 are the non-power-of-two widths users hit.
+NS = sorted(set(range(1, 17000)) | {32768, 65536, 65537, 131072, 262144, 10**6, 2**24 + 3})
+
+
+def _vecs(dtype):
+    return [v for v in (8, 4, 2, 1) if v * dtype.itemsize <= 16]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize("smem", [SMEM_H100, SMEM_A100])
+def test_every_width_gets_a_valid_plan(dtype, smem):
+    acc_words = 2 if dtype.itemsize == 8 else 1
+    for vec in _vecs(dtype):
+        for n in NS:
+            if n % vec:
+                continue
+            for plan, budget in (
+                (_launch.forward_plan(n, dtype, dtype, dtype, vec, smem), 32),
+                (_launch.backward_plan(n, dtype, dtype, vec, smem), 16),
+            ):
+                assert plan.vec == vec
+                assert plan.block % 32 == 0 and 32 <= plan.block <= 1024
+                assert plan.block % plan.tpr == 0 and plan.rows == plan.block // plan.tpr
+                if plan.tier == "reg":
+                    assert plan.tpr * plan.items * vec >= n, (plan, n)  # the row fits
+                    assert plan.items * vec * acc_words <= budget, plan  # registers
+                    assert plan.tpr <= 32 or plan.tpr == plan.block
+                    assert plan.block <= 512 and plan.smem == 0
+                else:
+                    assert plan.tpr == plan.block and plan.rows == 1
+                    assert plan.smem <= smem - _launch.STATIC_SMEM_MARGIN
+
+
+def test_tiers_by_width():
+    bf16 = [d for d in DTYPES if d.name == "bfloat16"][0]
+    f32 = np.dtype(np.float32)
+    assert _launch.forward_plan(1024, bf16, bf16, bf16, 8, SMEM_H100).tpr == 32
+    assert _launch.forward_plan(4096, bf16, bf16, bf16, 8, SMEM_H100).tier == "reg"
+    big = _launch.forward_plan(65536, bf16, bf16, bf16, 8, SMEM_H100)
+    assert big.tier == "row" and big.smem == 65536 * 2  # staged in shared memory
+    huge = _launch.forward_plan(10**6, f32, f32, f32, 4, SMEM_H100)
+    assert huge.tier == "row" and huge.smem == 0  # re-read: a slower path, not a wrong one
+    assert "true" in big.expr and "false" in huge.expr
+
+
+def test_vector_width():
+    assert _launch.vector_width(2, 4096, (4096,), (0, 256)) == 8
+    assert _launch.vector_width(2, 4096, (4097,), (0,)) == 1  # odd row stride
+    assert _launch.vector_width(2, 4096, (4096,), (2,)) == 1  # slice starting at element 1
+    assert _launch.vector_width(2, 1000, (1000,), (0,)) == 8
+    assert _launch.vector_width(2, 1004, (1004,), (8,)) == 4
+    assert _launch.vector_width(4, 769, (769,), (0,)) == 1
+    assert _launch.vector_width(8, 1000, (1000,), (16,)) == 2
+    assert _launch.vector_width(8, 1000, (1000,), (8,)) == 1
+
+
+def test_grid_is_persistent_and_covers_rows():
+    assert _launch.grid_size(0, 4, 528) == 1
+    assert _launch.grid_size(37, 32, 528) == 2
+    assert _launch.grid_size(10**9, 4, 528) == 528  # never past the resident capacity
+
+
+@pytest.mark.parametrize("m", [1, 7, 64, 1151, 70000, 2**31 // 4096 + 1])
+@pytest.mark.parametrize("n", [1, 33, 65537, 10**6])
+def test_dwdb_slices_cover_rows_within_grid_limits(m, n):
+    slices, per = _launch.dwdb_slices(m, n, 132)
+    assert 1 <= slices <= 65535 and per >= 1
+    assert slices * per >= m and (slices - 1) * per < m  # every row in exactly one slice

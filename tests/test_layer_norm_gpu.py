@@ -1,0 +1,323 @@
+"""GPU tier: forward and backward against the float64 reference (cupyln.reference).
+
+Tolerances come from the one table, ``cupyln.reference.TOLERANCE`` (by output dtype, with the
+reason there); dw/db allow atol * sqrt(M), since they are sums over M rows. Every output is
+NaN-poisoned before the call (passed through ``out=``), so an element the kernels never wrote
+fails the comparison. Inputs are the seeds' ``-2.3 + 0.5 * randn`` with fresh seeds per case.
+"""
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+
+from cupyln import reference as ref
+from cupyln._api import _rows
+from cupyln._dtypes import TABLE
+
+from .conftest import GPU_COUNT, requires_gpu
+
+pytestmark = [pytest.mark.gpu, requires_gpu]
+
+if GPU_COUNT:
+    import cupy
+
+    import cupyln
+
+DTYPES = [d.name for d in TABLE]
+# Widths: 1-3 tiny, 17/127 odd sub-warp rows, 760/769/1000/1128 not powers of two (769 forces the
+# scalar path), 1024/4096/8192/16384 tier edges, 8193/65537 one past them, 5120/12288 model
+# widths, 32768/65536 the shared-memory tier, 262144 the re-read tier.
+NS = [1, 2, 3, 17, 64, 127, 512, 760, 769, 1000, 1024, 1128, 4096, 5120, 8192, 8193, 12288,
+      16384, 32768, 65536, 65537, 262144]  # fmt: skip
+# Rows: 0 (empty), 1, 37 (fewer rows than SMs), 1151 (the tutorial's), 70000 (> 65535).
+MS = [0, 1, 37, 1151, 70000]
+MAX_ELEMENTS = 80_000_000  # per case: x, dy, outputs and the float64 reference fit easily
+SWEEP = [(m, n) for n in NS for m in MS if m * n <= MAX_ELEMENTS]
+
+_seed = itertools.count(1000)
+
+
+def fresh(shape, dtype, loc=-2.3, scale=0.5):
+    return ref.sample(shape, dtype, loc=loc, scale=scale, seed=next(_seed))
+
+
+_UINT = {2: "uint16", 4: "uint32", 8: "uint64"}
+_NAN_BITS = {"bfloat16": 0x7FC0, "float16": 0x7E00, "float32": 0x7FC00000,
+             "float64": 0x7FF8000000000000}  # fmt: skip
+
+
+def poisoned(shape, dtype):
+    """An output array filled with NaN (quiet-NaN bits), on the current device."""
+    a = cupy.empty(shape, dtype)
+    a.view(_UINT[a.itemsize])[...] = _NAN_BITS[np.dtype(dtype).name]
+    return a
+
+
+def run_and_check(x, w, b, dy, eps=1e-5, bias_dtype=None, rows_scale=None):
+    """Forward and backward into poisoned outputs; compare all six results with the reference."""
+    n = x.shape[-1]
+    m = x.size // n
+    acc = "float64" if x.dtype == np.float64 else "float32"
+    lead = x.shape[:-1]
+    bdt = bias_dtype or (b.dtype if b is not None else (w.dtype if w is not None else x.dtype))
+    home = cupy.cuda.Device(x.data.device_id)
+    with home:  # outputs live with x; the calls below run with whatever device is current
+        outs = (poisoned(x.shape, x.dtype), poisoned(lead, acc), poisoned(lead, acc))
+        gouts = (
+            poisoned(x.shape, x.dtype),
+            None if w is None else poisoned((n,), w.dtype),
+            poisoned((n,), bdt),
+        )
+    y, mean, rstd = cupyln.forward(x, w, b, eps, out=outs)
+    assert y is outs[0] and mean is outs[1] and rstd is outs[2]
+    dx, dw, db = cupyln.backward(dy, x, w, mean, rstd, bias_dtype=bdt, out=gouts)
+    assert dx is gouts[0] and db is gouts[2] and (dw is None) == (w is None)
+    with home:
+        _compare(x, w, b, dy, eps, m, rows_scale, (y, mean, rstd, dx, dw, db))
+    return y, mean, rstd, dx, dw, db
+
+
+def _compare(x, w, b, dy, eps, m, rows_scale, got):
+    y, mean, rstd, dx, dw, db = got
+    yr, meanr, rstdr = ref.forward(x, w, b, eps)
+    dxr, dwr, dbr = ref.backward(dy, x, w, eps)
+    ref.assert_close(y, yr, "y")
+    ref.assert_close(mean, meanr, "mean")
+    ref.assert_close(rstd, rstdr, "rstd")
+    ref.assert_close(dx, dxr, "dx")
+    s = math.sqrt(max(m, 1)) if rows_scale is None else rows_scale
+    if w is not None:
+        ref.assert_close(dw, dwr, "dw", atol_scale=s)
+    ref.assert_close(db, dbr, "db", atol_scale=s)
+
+
+def inputs(shape, xdt, wdt, bdt):
+    n = shape[-1]
+    x = fresh(shape, xdt)
+    w = None if wdt is None else fresh((n,), wdt, loc=1.0, scale=0.3)
+    b = None if bdt is None else fresh((n,), bdt, loc=0.0, scale=0.3)
+    dy = fresh(shape, xdt, loc=0.0, scale=1.0)
+    return x, w, b, dy
+
+
+@pytest.fixture(autouse=True)
+def _free_memory():
+    yield
+    cupy.get_default_memory_pool().free_all_blocks()
+
+
+# ------------------------------------------------------------------ the sweep
+@pytest.mark.parametrize("m,n", SWEEP, ids=[f"{m}x{n}" for m, n in SWEEP])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_sweep(dtype, m, n):
+    run_and_check(*inputs((m, n), dtype, dtype, dtype))
+
+
+# Every pairing of x, w, b dtypes (None = no w / no b) at a vector-path and a scalar-path width.
+COMBOS = list(itertools.product(DTYPES, DTYPES + [None], DTYPES + [None]))
+
+
+@pytest.mark.parametrize("n", [4096, 769])
+@pytest.mark.parametrize("xdt,wdt,bdt", COMBOS, ids=["-".join(map(str, c)) for c in COMBOS])
+def test_mixed_dtypes(xdt, wdt, bdt, n):
+    run_and_check(*inputs((37, n), xdt, wdt, bdt))
+
+
+@pytest.mark.parametrize("n", [3, 1000, 65537])
+def test_rank3_and_rank1(n):
+    run_and_check(*inputs((3, 5, n), "bfloat16", "float32", "float32"))
+    run_and_check(*inputs((n,), "float32", "float32", "float32"))
+
+
+def test_backward_without_w_returns_db_only():
+    x, _, _, dy = inputs((64, 512), "float16", None, None)
+    _, mean, rstd = cupyln.forward(x)
+    dx, dw, db = cupyln.backward(dy, x, None, mean, rstd)
+    assert dw is None and db.dtype == x.dtype
+    ref.assert_close(db, ref.backward(dy, x)[2], "db", atol_scale=8)
+
+
+def test_layer_norm_returns_y():
+    x, w, b, _ = inputs((5, 300), "float32", "float32", "float32")
+    ref.assert_close(cupyln.layer_norm(x, w, b), ref.forward(x, w, b)[0], "y")
+
+
+def test_internal_allocation_path():
+    x, w, b, dy = inputs((70, 2048), "bfloat16", "bfloat16", "bfloat16")
+    y, mean, rstd = cupyln.forward(x, w, b)
+    dx, dw, db = cupyln.backward(dy, x, w, mean, rstd)
+    ref.assert_close(y, ref.forward(x, w, b)[0], "y")
+    dxr, dwr, dbr = ref.backward(dy, x, w)
+    ref.assert_close(dx, dxr, "dx")
+    ref.assert_close(dw, dwr, "dw", atol_scale=9)
+    ref.assert_close(db, dbr, "db", atol_scale=9)
+
+
+@pytest.mark.parametrize("n", [1, 64])
+def test_many_rows_past_grid_y_limit(n):
+    # 300000 rows: far past 65535 (a grid.y limit some peers hit) and many rows per block.
+    run_and_check(*inputs((300_000, n), "float32", "float32", "float32"))
+
+
+# ------------------------------------------------------------------ layouts
+@pytest.mark.parametrize("n", [64, 769, 4096, 65536])
+def test_strided_rows_without_copy(n):
+    base = fresh((50, n + 24), "bfloat16")
+    x = base[:, 8 : 8 + n]  # row stride n + 24, starts 16 bytes in
+    dbase = fresh((50, n + 40), "bfloat16", loc=0.0, scale=1.0)
+    dy = dbase[:, :n]
+    w = fresh((n,), "bfloat16", loc=1.0, scale=0.3)
+    b = fresh((n,), "bfloat16", loc=0.0, scale=0.3)
+    assert not x.flags.c_contiguous
+    assert _rows(x)[0] is x and _rows(dy)[0] is dy  # read in place, not copied
+    run_and_check(x, w, b, dy)
+
+
+@pytest.mark.parametrize("n", [8, 1000, 4096])
+def test_misaligned_rows_take_the_scalar_path(n):
+    flat = fresh((40 * n + 1,), "float16")
+    x = flat[1:].reshape(40, n)  # starts at element 1: not 16-byte aligned
+    assert x.data.ptr % 16 != 0
+    w = fresh((n + 1,), "float32", loc=1.0, scale=0.3)[1:]  # misaligned weight too
+    dy = fresh((40, n), "float16", loc=0.0, scale=1.0)
+    run_and_check(x, w, None, dy)
+
+
+def test_other_layouts_are_copied():
+    t = fresh((256, 48), "float32")
+    x = t.T  # last dimension not contiguous
+    run_and_check(x, None, None, fresh(x.shape, "float32", 0.0, 1.0))
+    x3 = fresh((4, 6, 130), "float32")[:, :3, :]  # leading dims not collapsible into rows
+    run_and_check(x3, None, fresh((130,), "float32"), fresh(x3.shape, "float32", 0.0, 1.0))
+    xr = fresh((20, 64), "float32")[::-1]  # negative row stride
+    run_and_check(xr, None, None, fresh(xr.shape, "float32", 0.0, 1.0))
+
+
+# ------------------------------------------------------------------ numerics
+@pytest.mark.parametrize("n", [17, 1024, 8192, 65536, 262144])
+def test_large_mean_rows(n):
+    x = fresh((16, n), "float32", loc=1e4, scale=1.0)
+    w = fresh((n,), "float32", loc=1.0, scale=0.3)
+    dy = fresh((16, n), "float32", 0.0, 1.0)
+    run_and_check(x, w, None, dy)
+
+
+@pytest.mark.parametrize("n", [64, 4096, 65536])
+def test_nan_in_x_stays_in_its_row(n):
+    x, w, b, dy = inputs((9, n), "float32", "float32", "float32")
+    x[4, n // 2] = cupy.nan
+    y, mean, rstd = cupyln.forward(x, w, b)
+    dx, dw, db = cupyln.backward(dy, x, w, mean, rstd)
+    keep = [i for i in range(9) if i != 4]
+    assert bool(cupy.isnan(y[4]).all()) and bool(cupy.isnan(dx[4]).all())
+    assert bool(cupy.isnan(mean[4])) and bool(cupy.isnan(rstd[4]))
+    ref.assert_close(y[keep], ref.forward(x[keep], w, b)[0], "y of the other rows")
+    ref.assert_close(dx[keep], ref.backward(dy[keep], x[keep], w)[0], "dx of the other rows")
+    assert bool(cupy.isnan(dw).all())  # the NaN row's xhat reaches every column of dw...
+    ref.assert_close(db, ref.backward(dy, x, w)[2], "db", atol_scale=3)  # ...and not db
+
+
+@pytest.mark.parametrize("n", [64, 4096, 65536])
+def test_nan_in_dy_stays_in_its_row_and_column(n):
+    x, w, b, dy = inputs((9, n), "float32", "float32", "float32")
+    dy[2, 5] = cupy.nan
+    _, mean, rstd = cupyln.forward(x, w, b)
+    dx, dw, db = cupyln.backward(dy, x, w, mean, rstd)
+    keep = [i for i in range(9) if i != 2]
+    assert bool(cupy.isnan(dx[2]).all())
+    ref.assert_close(dx[keep], ref.backward(dy[keep], x[keep], w)[0], "dx of the other rows")
+    cols = [c for c in range(n) if c != 5]
+    assert bool(cupy.isnan(dw[5])) and bool(cupy.isnan(db[5]))
+    _, dwr, dbr = ref.backward(dy, x, w)
+    ref.assert_close(dw[cols], dwr[cols], "dw of the other columns", atol_scale=3)
+    ref.assert_close(db[cols], dbr[cols], "db of the other columns", atol_scale=3)
+
+
+@pytest.mark.parametrize("m,n", [(70000, 64), (5000, 1024), (333, 8192), (100, 65536)])
+def test_dw_db_are_deterministic(m, n):
+    x, w, b, dy = inputs((m, n), "bfloat16", "float32", "float32")
+    _, mean, rstd = cupyln.forward(x, w, b)
+    runs = [cupyln.backward(dy, x, w, mean, rstd) for _ in range(3)]
+    for dx, dw, db in runs[1:]:
+        assert bool((dx == runs[0][0]).all())
+        assert bool((dw.view(cupy.uint32) == runs[0][1].view(cupy.uint32)).all())
+        assert bool((db.view(cupy.uint32) == runs[0][2].view(cupy.uint32)).all())
+
+
+@pytest.mark.parametrize("eps", [0.0, 1e-5, 0.5])
+def test_eps(eps):
+    run_and_check(*inputs((20, 512), "float32", "float32", "float32"), eps=eps)
+
+
+def test_tutorial_seed_check():
+    # The Triton tutorial's own check: 1151 x 8192 fp16, y/dx/dw/db allclose(atol=1e-2, rtol=0).
+    m, n = 1151, 8192
+    x = fresh((m, n), "float16")
+    w = ref.from_float32(cupy.random.default_rng(7).random(n, dtype=cupy.float32), "float16")
+    b = ref.from_float32(cupy.random.default_rng(8).random(n, dtype=cupy.float32), "float16")
+    dy = fresh((m, n), "float16", 0.0, 0.1)
+    y, mean, rstd = cupyln.forward(x, w, b)
+    dx, dw, db = cupyln.backward(dy, x, w, mean, rstd)
+    yr, _, _ = ref.forward(x, w, b)
+    dxr, dwr, dbr = ref.backward(dy, x, w)
+    for out, r in ((y, yr), (dx, dxr), (dw, dwr), (db, dbr)):
+        cupy.testing.assert_allclose(ref.to_float64(out), r, atol=1e-2, rtol=0)
+
+
+# ------------------------------------------------------------------ streams and devices
+def test_runs_on_the_current_stream_after_a_producer():
+    s = cupy.cuda.Stream(non_blocking=True)
+    with s:
+        # a producer kernel still running on s when cupyln is called on s
+        big = cupy.random.default_rng(3).standard_normal((4096, 4096), dtype=cupy.float32)
+        for _ in range(20):
+            big = big * 1.0001
+        x = (big[:1024, :2048] * 0.5 - 2.3).astype(cupy.float32)
+        w = cupy.full(2048, 1.5, cupy.float32)
+        y, mean, rstd = cupyln.forward(x, w)
+        dy = cupy.ones_like(x)
+        dx, dw, db = cupyln.backward(dy, x, w, mean, rstd)
+    s.synchronize()
+    ref.assert_close(y, ref.forward(x, w)[0], "y")
+    dxr, dwr, dbr = ref.backward(dy, x, w)
+    ref.assert_close(dx, dxr, "dx")
+    ref.assert_close(dw, dwr, "dw", atol_scale=32)
+
+
+@pytest.mark.skipif(GPU_COUNT < 2, reason="needs two GPUs")
+def test_second_device():
+    with cupy.cuda.Device(1):
+        x, w, b, dy = inputs((33, 1000), "bfloat16", "float32", "float32")
+    assert cupy.cuda.runtime.getDevice() == 0
+    y, mean, rstd, dx, dw, db = run_and_check(x, w, b, dy)
+    assert all(a.data.device_id == 1 for a in (y, mean, rstd, dx, dw, db))
+    assert cupy.cuda.runtime.getDevice() == 0
+
+
+# ------------------------------------------------------------------ M * N past 2**31
+@pytest.mark.slow
+@pytest.mark.parametrize("n", [4096, 131072])
+def test_more_than_2_pow_31_elements(n):
+    m = 2**31 // n + 3
+    x = fresh((m, n), "bfloat16")
+    w = fresh((n,), "bfloat16", 1.0, 0.3)
+    b = fresh((n,), "bfloat16", 0.0, 0.3)
+    y, mean, rstd = cupyln.forward(x, w, b)
+    dy = fresh((m, n), "bfloat16", 0.0, 1.0)
+    dx, dw, db = cupyln.backward(dy, x, w, mean, rstd)
+    rows = [0, 1, m // 2, m - 2, m - 1]  # the last rows sit past element 2**31
+    ref.assert_close(y[rows], ref.forward(x[rows], w, b)[0], "y")
+    ref.assert_close(dx[rows], ref.backward(dy[rows], x[rows], w)[0], "dx")
+    assert not bool(cupy.isnan(y[-1]).any())
+    # dw/db over all rows, by a float64 column sum in chunks
+    dwr = cupy.zeros(n, cupy.float64)
+    dbr = cupy.zeros(n, cupy.float64)
+    step = max(1, 2**24 // n)
+    for s in range(0, m, step):
+        _, dwc, dbc = ref.backward(dy[s : s + step], x[s : s + step], w)
+        dwr += dwc
+        dbr += dbc
+    ref.assert_close(dw, dwr, "dw", atol_scale=math.sqrt(m))
+    ref.assert_close(db, dbr, "db", atol_scale=math.sqrt(m))

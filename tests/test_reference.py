@@ -1,0 +1,91 @@
+"""CPU tier: the float64 reference against torch's layer_norm and its autograd, and the
+bfloat16 conversions against ml_dtypes."""
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from cupyln import reference as ref
+
+# Shapes: N = 1 and 3 (tiny rows), 769 (odd), rank-3 input, a single row.
+SHAPES = [(5, 1), (7, 3), (4, 769), (2, 3, 64), (1, 1000)]
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("affine", [True, False])
+def test_reference_matches_torch_float64(shape, affine):
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(0)
+    n = shape[-1]
+    x = -2.3 + 0.5 * rng.standard_normal(shape)
+    dy = rng.standard_normal(shape)
+    w = 1.0 + 0.3 * rng.standard_normal(n) if affine else None
+    b = 0.5 * rng.standard_normal(n) if affine else None
+    eps = 1e-5
+
+    tx = torch.tensor(x, requires_grad=True)
+    tw = torch.tensor(w, requires_grad=True) if affine else None
+    tb = torch.tensor(b, requires_grad=True) if affine else None
+    ty = torch.nn.functional.layer_norm(tx, (n,), tw, tb, eps)
+    ty.backward(torch.tensor(dy))
+    tmean = tx.detach().mean(-1)
+    trstd = 1 / torch.sqrt(tx.detach().var(-1, unbiased=False) + eps)
+
+    y, mean, rstd = ref.forward(x, w, b, eps)
+    dx, dw, db = ref.backward(dy, x, w, eps)
+    np.testing.assert_allclose(y, ty.detach().numpy(), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(mean, tmean.numpy(), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(rstd, trstd.numpy(), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(dx, tx.grad.numpy(), rtol=1e-10, atol=1e-10)
+    if affine:
+        np.testing.assert_allclose(dw, tw.grad.numpy(), rtol=1e-10, atol=1e-10)
+        np.testing.assert_allclose(db, tb.grad.numpy(), rtol=1e-10, atol=1e-10)
+    else:
+        assert dw is None
+        np.testing.assert_allclose(db, dy.reshape(-1, n).sum(0), rtol=1e-12, atol=1e-12)
+
+
+def test_reference_large_mean_rows_are_exact():
+    # 1e4 + noise: the two-pass formulas keep the variance; E[x^2] - E[x]^2 would not.
+    rng = np.random.default_rng(1)
+    x = 1e4 + rng.standard_normal((3, 4096))
+    _, _, rstd = ref.forward(x, eps=0.0)
+    np.testing.assert_allclose(1 / rstd**2, x.var(-1), rtol=1e-9)
+
+
+def test_bfloat16_conversions_match_ml_dtypes():
+    bf16 = np.dtype(ml_dtypes.bfloat16)
+    rng = np.random.default_rng(2)
+    a = np.concatenate(
+        [
+            (rng.standard_normal(10000) * 10.0 ** rng.integers(-30, 30, 10000)),
+            [0.0, -0.0, np.inf, -np.inf, 1.0 + 2**-8, 1.0 + 3 * 2**-8, 3.3895314e38],
+        ]
+    ).astype(np.float32)
+    got = ref.from_float32(a, bf16)
+    want = a.astype(bf16)
+    assert got.dtype == bf16
+    np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
+    np.testing.assert_array_equal(ref.to_float64(got), want.astype(np.float64))
+    assert np.isnan(ref.to_float64(ref.from_float32(np.array([np.nan], np.float32), bf16)))[0]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "float64"])
+def test_from_float32_plain_dtypes(dtype):
+    a = np.linspace(-3, 3, 101, dtype=np.float32)
+    np.testing.assert_array_equal(ref.from_float32(a, dtype), a.astype(dtype))
+
+
+def test_tolerance_table_covers_supported_dtypes():
+    from cupyln._dtypes import SUPPORTED_NAMES
+
+    assert set(ref.TOLERANCE) == set(SUPPORTED_NAMES)
+
+
+def test_assert_close_rejects_wrong_and_nan():
+    r = np.array([1.0, 2.0, 3.0])
+    ref.assert_close(np.array([1.0, 2.0, 3.0], np.float32), r, "same")
+    with pytest.raises(AssertionError, match="off"):
+        ref.assert_close(np.array([1.0, 2.1, 3.0], np.float32), r, "off by 0.1")
+    with pytest.raises(AssertionError, match="NaN"):
+        ref.assert_close(np.array([1.0, np.nan, 3.0], np.float32), r, "nan")

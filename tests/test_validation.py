@@ -1,0 +1,95 @@
+"""Bad input gets a TypeError/ValueError naming the argument, what was expected and what came,
+and nothing is written. The NumPy-input checks run on the CPU tier; the rest need CuPy arrays."""
+
+import numpy as np
+import pytest
+
+import cupyln
+
+from .conftest import GPU_COUNT, requires_gpu
+
+if GPU_COUNT:
+    import cupy
+
+    from cupyln import reference as ref
+
+
+@pytest.mark.parametrize("fn", [cupyln.forward, cupyln.layer_norm])
+def test_numpy_x_is_refused(fn):
+    with pytest.raises(TypeError, match=r"x must be a cupy.ndarray.*numpy.ndarray"):
+        fn(np.ones((4, 8), np.float32))
+
+
+def test_numpy_dy_is_refused():
+    with pytest.raises(TypeError, match=r"x must be a cupy.ndarray"):
+        cupyln.backward(np.ones((2, 3)), np.ones((2, 3)), None, np.ones(2), np.ones(2))
+
+
+def test_list_is_refused():
+    with pytest.raises(TypeError, match="got builtins.list"):
+        cupyln.forward([[1.0, 2.0]])
+
+
+@requires_gpu
+@pytest.mark.gpu
+class TestOnGpu:
+    def setup_method(self):
+        self.x = ref.sample((6, 32), "float32", seed=1)
+        self.w = ref.sample((32,), "float32", seed=2)
+        self.y = cupy.full((6, 32), cupy.nan, cupy.float32)
+        self.mean = cupy.full(6, cupy.nan, cupy.float32)
+        self.rstd = cupy.full(6, cupy.nan, cupy.float32)
+
+    def fwd_raises(self, exc, match, *args, **kw):
+        out = (self.y, self.mean, self.rstd)
+        with pytest.raises(exc, match=match):
+            cupyln.forward(*args, **kw, out=out)
+        assert all(bool(cupy.isnan(a).all()) for a in out), "an output was written"
+
+    def test_forward_arguments(self):
+        x, w = self.x, self.w
+        self.fwd_raises(TypeError, "x must have dtype .*; got int32", x.astype(cupy.int32))
+        self.fwd_raises(ValueError, r"at least one dimension.*0-d", cupy.float32(1.0) + x[0, 0])
+        self.fwd_raises(ValueError, r"N\) must be in \[1, .*got 0", cupy.ones((3, 0), "f4"))
+        self.fwd_raises(ValueError, r"w must have shape \(32,\).*got \(31,\)", x, w[:31])
+        self.fwd_raises(ValueError, r"b must have shape \(32,\).*got \(1, 32\)", x, w, w[None])
+        self.fwd_raises(TypeError, "w must be a cupy.ndarray.*numpy", x, w.get())
+        self.fwd_raises(TypeError, "b must have dtype .*; got complex64", x, w, w.astype("c8"))
+        self.fwd_raises(ValueError, "eps must be finite and >= 0; got -1", x, w, None, -1.0)
+        self.fwd_raises(ValueError, "eps must be finite and >= 0; got nan", x, w, None, np.nan)
+        self.fwd_raises(ValueError, "eps must be finite and >= 0; got inf", x, w, None, np.inf)
+        self.fwd_raises(TypeError, "eps must be a real number; got str", x, w, None, "1e-5")
+
+    def test_forward_out(self):
+        with pytest.raises(ValueError, match=r"y must be a float32 array of shape \(6, 32\)"):
+            cupyln.forward(self.x, out=(cupy.empty((6, 31), "f4"), None, None))
+        with pytest.raises(ValueError, match=r"mean must be a float32 array"):
+            cupyln.forward(self.x, out=(None, cupy.empty(6, "f8"), None))
+        with pytest.raises(ValueError, match="rstd must be C-contiguous"):
+            cupyln.forward(self.x, out=(None, None, cupy.empty(12, "f4")[::2]))
+        with pytest.raises(TypeError, match=r"out must be a tuple \(y, mean, rstd\)"):
+            cupyln.forward(self.x, out=self.y)
+
+    def test_backward_arguments(self):
+        x, w = self.x, self.w
+        _, mean, rstd = cupyln.forward(x, w)
+        dy = cupy.ones_like(x)
+        dx = cupy.full(x.shape, cupy.nan, cupy.float32)
+        cases = [
+            (ValueError, r"dy must have the shape of x \(6, 32\); got \(6, 31\)",
+             (dy[:, :31], x, w, mean, rstd)),
+            (TypeError, "dy must have the dtype of x .float32.; got float16",
+             (dy.astype("f2"), x, w, mean, rstd)),
+            (ValueError, r"mean must have shape x.shape\[:-1\] = \(6,\); got \(5,\)",
+             (dy, x, w, mean[:5], rstd)),
+            (TypeError, "rstd must be float32 for float32 x; got float64",
+             (dy, x, w, mean, rstd.astype("f8"))),
+            (TypeError, "mean must be a cupy.ndarray", (dy, x, w, mean.get(), rstd)),
+            (ValueError, r"w must have shape \(32,\)", (dy, x, w[:3], mean, rstd)),
+        ]  # fmt: skip
+        for exc, match, args in cases:
+            with pytest.raises(exc, match=match):
+                cupyln.backward(*args, out=(dx, None, None))
+            assert bool(cupy.isnan(dx).all()), f"dx written for {match}"
+        with pytest.raises(TypeError, match="bias_dtype must be one of .*; got int64"):
+            cupyln.backward(dy, x, w, mean, rstd, bias_dtype="int64")
