@@ -139,8 +139,9 @@ def _capacity(kernel, block: int, smem: int, device_id: int) -> int:
 
 
 def _get(plan_source: str, expr: str, device_id: int, smem: int):
-    big = _device(device_id).smem_optin if smem > 48 * 1024 else 0
-    return _compile.kernel(plan_source, expr, device_id, big)
+    """Kernels that stage rows in shared memory get the device's opt-in limit."""
+    limit = _device(device_id).smem_optin if smem else 0
+    return _compile.kernel(plan_source, expr, device_id, limit)
 
 
 @lru_cache(maxsize=4096)

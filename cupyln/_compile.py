@@ -60,8 +60,9 @@ _kernels: dict = {}  # (device, file, expression, shared-memory limit) -> cupy.R
 def kernel(name: str, expr: str, device_id: int, max_dynamic_smem: int = 0):
     """The RawKernel for template instantiation ``expr`` of kernels/``name`` on ``device_id``.
 
-    ``max_dynamic_smem`` (bytes, past the default 48 KiB) raises the kernel's opt-in
-    shared-memory limit once. Call it with ``device_id`` current (the API layer does).
+    ``max_dynamic_smem`` (bytes, the device's opt-in limit per block) raises the kernel's
+    dynamic shared-memory limit once, to that limit less the kernel's static shared memory.
+    Call it with ``device_id`` current (the API layer does).
     """
     key = (device_id, name, expr, max_dynamic_smem)
     k = _kernels.get(key)
@@ -80,7 +81,7 @@ def kernel(name: str, expr: str, device_id: int, max_dynamic_smem: int = 0):
                 _modules[mkey] = mod
             k = mod.get_function(expr)
             if max_dynamic_smem:
-                k.max_dynamic_shared_size_bytes = max_dynamic_smem
+                k.max_dynamic_shared_size_bytes = max_dynamic_smem - k.shared_size_bytes
             _kernels[key] = k
     return k
 

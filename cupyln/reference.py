@@ -117,10 +117,18 @@ def forward(x, w=None, b=None, eps=1e-5):
     return y, mean, rstd
 
 
-def backward(dy, x, w=None, eps=1e-5):
-    """(dx, dw, db) in float64; dw is None when w is None. mean/rstd recomputed from x."""
+def backward(dy, x, w=None, eps=1e-5, mean=None, rstd=None):
+    """(dx, dw, db) in float64; dw is None when w is None.
+
+    Without ``mean``/``rstd`` they are recomputed exactly from x (the true gradient). With them
+    (e.g. the float32 statistics a forward saved), the result is the gradient formula evaluated
+    at those statistics: what a backward given them must return. The two differ where rows are
+    nearly constant: there rstd is large and the rounding of a saved float32 mean is amplified."""
     dy = to_float64(dy)
-    _, mean, rstd = forward(x, eps=eps)
+    if mean is None or rstd is None:
+        _, mean, rstd = forward(x, eps=eps)
+    else:
+        mean, rstd = to_float64(mean), to_float64(rstd)
     x = to_float64(x)
     n = x.shape[-1]
     xhat = (x - mean[..., None]) * rstd[..., None]

@@ -89,3 +89,14 @@ def test_assert_close_rejects_wrong_and_nan():
         ref.assert_close(np.array([1.0, 2.1, 3.0], np.float32), r, "off by 0.1")
     with pytest.raises(AssertionError, match="NaN"):
         ref.assert_close(np.array([1.0, np.nan, 3.0], np.float32), r, "nan")
+
+
+def test_backward_at_given_statistics():
+    rng = np.random.default_rng(3)
+    x = -2.3 + 0.5 * rng.standard_normal((6, 50))
+    dy, w = rng.standard_normal((6, 50)), rng.standard_normal(50)
+    _, mean, rstd = ref.forward(x)
+    for a, b in zip(ref.backward(dy, x, w), ref.backward(dy, x, w, 1e-5, mean, rstd)):
+        np.testing.assert_array_equal(a, b)
+    dx_shifted = ref.backward(dy, x, w, 1e-5, mean + 1e-3, rstd)[0]
+    assert np.abs(dx_shifted - ref.backward(dy, x, w)[0]).max() > 1e-6
