@@ -182,6 +182,27 @@ class _OnDevice:
             self._ctx.__exit__(*exc)
 
 
+def describe(x, w=None, b=None) -> dict:
+    """Which kernels ``forward(x, w, b)`` and ``backward`` run for these arrays, with their
+    launch shape, registers per thread and resident blocks on the device (for benchmarks)."""
+    n, dev = x.shape[-1], x.data.device_id
+    x2, stride = _rows(x)
+    vec = _launch.vector_width(x.itemsize, n, (stride,), (x2.data.ptr,))
+    wdt = x.dtype if w is None else w.dtype
+    bdt = x.dtype if b is None else b.dtype
+    out = {}
+    with _OnDevice(dev):
+        for name, (k, plan, cap) in (
+            ("forward", _forward_launch(dev, n, x.dtype, wdt, bdt, vec)),
+            ("backward", _backward_launch(dev, n, x.dtype, wdt, wdt, vec)[:3]),
+        ):
+            out[name] = (
+                f"{plan.tier} vec={plan.vec} items={plan.items} tpr={plan.tpr} "
+                f"block={plan.block} smem={plan.smem} regs={k.num_regs} resident={cap}"
+            )
+    return out
+
+
 # ------------------------------------------------------------------------ public functions
 def forward(x, w=None, b=None, eps=1e-5, *, out=None):
     """LayerNorm over the last dimension of ``x``.

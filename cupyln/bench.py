@@ -31,6 +31,7 @@ class Row:
     bwd_GBs: float
     fwd_of_copy: float
     bwd_of_copy: float
+    kernels: str = ""
 
 
 def time_ms(fn: Callable[[], object], reps: int = 50, warmup: int = 5) -> float:
@@ -128,9 +129,13 @@ def run(
         if tp is not None:
             results.append(("torch", *_time_torch(tp, *data)))
         nbytes = m * n * dtype.itemsize
+        shapes = _api.describe(*data[:3])
+        kernels = f"fwd: {shapes['forward']}; bwd: {shapes['backward']}"
         for name, f_ms, b_ms in results:
             fg, bg = 2 * nbytes / f_ms * 1e-6, 3 * nbytes / b_ms * 1e-6
             row = Row(name, dtype.name, m, n, f_ms, b_ms, fg, bg, fg / copy, bg / copy)
+            if name == "cupyln":
+                row.kernels = kernels
             rows.append(row)
             if progress is not None:
                 progress(row)

@@ -139,6 +139,8 @@ def cmd_bench(args) -> int:
             f"bwd {r.bwd_GBs:6.0f} GB/s ({r.bwd_of_copy:4.0%})",
             flush=True,
         )
+        if args.verbose and r.kernels:
+            print(f"         {r.kernels}", flush=True)
 
     copy, rows = bench.run(args.dtype, 2**args.log2_elements, ns, not args.no_torch, show)
     print(f"device-to-device copy: {copy:.0f} GB/s (read + write)")
@@ -165,6 +167,7 @@ def main(argv=None) -> int:
     b.add_argument("--log2-elements", type=int, default=27, help="M*N = 2**this (default 27)")
     b.add_argument("--n", default="", help="comma-separated row widths (default: the sweep)")
     b.add_argument("--no-torch", action="store_true", help="skip the torch comparison")
+    b.add_argument("-v", "--verbose", action="store_true", help="show each width's kernels")
     b.add_argument("--csv", default="", help="write the rows to this CSV file")
     b.add_argument("--json", default="", help="write copy bandwidth and rows to this JSON file")
     b.set_defaults(fn=cmd_bench)

@@ -13,7 +13,7 @@ python3 -m cupyln info
 workers=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8" || echo "")
 python3 -m pytest -q -rs $workers --durations=10 "$@" 2>&1 | tee "$OUT/pytest.log" | tail -40
 python3 -m cupyln check 2>&1 | tee "$OUT/check.log"
-python3 -m cupyln bench --dtype bfloat16 --json "$OUT/bench_bf16.json" 2>&1 | tee "$OUT/bench.log"
+python3 -m cupyln bench -v --dtype bfloat16 --json "$OUT/bench_bf16.json" 2>&1 | tee "$OUT/bench.log"
 echo "== summary =="
 grep -E "passed|failed" "$OUT/pytest.log" | tail -1
 tail -1 "$OUT/check.log"

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from .conftest import GPU_COUNT, requires_gpu
+from .conftest import requires_gpu
 
 
 def run(*args, env=None):
