@@ -139,10 +139,11 @@ __global__ void __launch_bounds__(BLOCK, 1)
 }
 
 // Tier "row": dx for rows too wide for registers, one block per row.
-//   Pass 1 reads x and dy (copying them to shared memory with STAGE: 2 * N elements of T) and
-//   forms the two row sums; pass 2 recomputes xhat and g from shared memory (or from global
-//   memory without STAGE) and writes dx. dw/db come from ln_bwd_dwdb_cols.
-// Limits: any N < 2^31 - BLOCK * VEC.
+//   Pass 1 reads x and dy, UNROLL vectors of each per thread before using them (copying them to
+//   shared memory with STAGE: 2 * N elements of T), and forms the two row sums; pass 2
+//   recomputes xhat and g from shared memory (or from global memory without STAGE) and writes dx.
+//   dw/db come from ln_bwd_dwdb_cols.
+// Limits: any N < 2^31 - UNROLL * BLOCK * VEC.
 template <typename T, typename TW, int VEC, int BLOCK, bool STAGE>
 __global__ void __launch_bounds__(BLOCK, 1)
     ln_bwd_row(const T* __restrict__ dy, const i64 dy_stride, const T* __restrict__ x,
@@ -152,6 +153,8 @@ __global__ void __launch_bounds__(BLOCK, 1)
                const i64 M, const int N) {
   typedef typename AccOf<T>::type A;
   static_assert(BLOCK % 32 == 0 && BLOCK <= 1024, "bad block");
+  constexpr int UNROLL = 4;
+  constexpr int STEP = BLOCK * VEC;
   extern __shared__ __align__(16) unsigned char dyn_smem[];
   T* stage_x = reinterpret_cast<T*>(dyn_smem);
   T* stage_g = stage_x + N;  // N is a multiple of VEC, so stage_g keeps the pack alignment
@@ -165,29 +168,35 @@ __global__ void __launch_bounds__(BLOCK, 1)
     const A r = rstd[row];
 
     A s1 = 0, s2 = 0;
-    for (int col = threadIdx.x * VEC; col < N; col += BLOCK * VEC) {
-      A xv[VEC], gv[VEC], p[VEC];
-      if constexpr (STAGE) {
-        const Pack<T, VEC> rx = *reinterpret_cast<const Pack<T, VEC>*>(xr + col);
-        const Pack<T, VEC> rg = *reinterpret_cast<const Pack<T, VEC>*>(gr + col);
-        *reinterpret_cast<Pack<T, VEC>*>(stage_x + col) = rx;
-        *reinterpret_cast<Pack<T, VEC>*>(stage_g + col) = rg;
+    for (int base = threadIdx.x * VEC; base < N; base += UNROLL * STEP) {
+      Pack<T, VEC> rx[UNROLL], rg[UNROLL];
 #pragma unroll
-        for (int k = 0; k < VEC; ++k) {
-          xv[k] = static_cast<A>(widen(rx.v[k]));
-          gv[k] = static_cast<A>(widen(rg.v[k]));
+      for (int u = 0; u < UNROLL; ++u) {
+        const int col = base + u * STEP;
+        if (col < N) {
+          rx[u] = *reinterpret_cast<const Pack<T, VEC>*>(xr + col);
+          rg[u] = *reinterpret_cast<const Pack<T, VEC>*>(gr + col);
         }
-      } else {
-        load_pack<A, T, VEC>(xr + col, xv);
-        load_pack<A, T, VEC>(gr + col, gv);
       }
-      if (w != nullptr) load_pack<A, TW, VEC>(w + col, p);
 #pragma unroll
-      for (int k = 0; k < VEC; ++k) {
-        const A xhat = (xv[k] - mu) * r;
-        const A g = w != nullptr ? gv[k] * p[k] : gv[k];
-        s1 += xhat * g;
-        s2 += g;
+      for (int u = 0; u < UNROLL; ++u) {
+        const int col = base + u * STEP;
+        if (col < N) {
+          if constexpr (STAGE) {
+            *reinterpret_cast<Pack<T, VEC>*>(stage_x + col) = rx[u];
+            *reinterpret_cast<Pack<T, VEC>*>(stage_g + col) = rg[u];
+          }
+          A p[VEC];
+          if (w != nullptr) load_pack<A, TW, VEC>(w + col, p);
+#pragma unroll
+          for (int k = 0; k < VEC; ++k) {
+            const A xhat = (static_cast<A>(widen(rx[u].v[k])) - mu) * r;
+            const A gk = static_cast<A>(widen(rg[u].v[k]));
+            const A g = w != nullptr ? gk * p[k] : gk;
+            s1 += xhat * g;
+            s2 += g;
+          }
+        }
       }
     }
     group_sum2<BLOCK>(s1, s2, red);
@@ -196,18 +205,31 @@ __global__ void __launch_bounds__(BLOCK, 1)
     const T* __restrict__ src_x = STAGE ? stage_x : xr;
     const T* __restrict__ src_g = STAGE ? stage_g : gr;
     T* __restrict__ dxr = dx + row * N;
-    for (int col = threadIdx.x * VEC; col < N; col += BLOCK * VEC) {
-      A xv[VEC], gv[VEC], p[VEC];
-      load_pack<A, T, VEC>(src_x + col, xv);
-      load_pack<A, T, VEC>(src_g + col, gv);
-      if (w != nullptr) load_pack<A, TW, VEC>(w + col, p);
+    for (int base = threadIdx.x * VEC; base < N; base += UNROLL * STEP) {
+      A xv[UNROLL][VEC], gv[UNROLL][VEC];
 #pragma unroll
-      for (int k = 0; k < VEC; ++k) {
-        const A xhat = (xv[k] - mu) * r;
-        const A g = w != nullptr ? gv[k] * p[k] : gv[k];
-        xv[k] = (g - (xhat * c1 + c2)) * r;
+      for (int u = 0; u < UNROLL; ++u) {
+        const int col = base + u * STEP;
+        if (col < N) {
+          load_pack<A, T, VEC>(src_x + col, xv[u]);
+          load_pack<A, T, VEC>(src_g + col, gv[u]);
+        }
       }
-      store_pack<T, A, VEC>(dxr + col, xv);
+#pragma unroll
+      for (int u = 0; u < UNROLL; ++u) {
+        const int col = base + u * STEP;
+        if (col < N) {
+          A p[VEC];
+          if (w != nullptr) load_pack<A, TW, VEC>(w + col, p);
+#pragma unroll
+          for (int k = 0; k < VEC; ++k) {
+            const A xhat = (xv[u][k] - mu) * r;
+            const A g = w != nullptr ? gv[u][k] * p[k] : gv[u][k];
+            xv[u][k] = (g - (xhat * c1 + c2)) * r;
+          }
+          store_pack<T, A, VEC>(dxr + col, xv[u]);
+        }
+      }
     }
   }
 }
@@ -231,6 +253,7 @@ __global__ void __launch_bounds__(256, 1)
   const i64 r1 = r0 + rows_per_slice < M ? r0 + rows_per_slice : M;
   A dwa = 0, dba = 0;
   if (col < N) {
+#pragma unroll 4
     for (i64 row = r0 + threadIdx.y; row < r1; row += 8) {
       const A g = static_cast<A>(widen(dy[row * dy_stride + col]));
       const A xhat = (static_cast<A>(widen(x[row * x_stride + col])) - mean[row]) * rstd[row];
@@ -263,6 +286,7 @@ __global__ void __launch_bounds__(256, 1)
   const int col = blockIdx.x * 32 + threadIdx.x;
   A dwa = 0, dba = 0;
   if (col < N) {
+#pragma unroll 4
     for (int g = threadIdx.y; g < G; g += 8) {
       const i64 o = static_cast<i64>(g) * N + col;
       if (dw_part != nullptr) dwa += dw_part[o];

@@ -108,12 +108,13 @@ __global__ void __launch_bounds__(BLOCK, 1)
 }
 
 // Tier "row": one block per row for rows too wide for registers.
-//   Each thread walks columns threadIdx.x * VEC + j * BLOCK * VEC. With STAGE, the first pass
-//   copies the row into dynamic shared memory (N elements of T) and the two later passes read it
-//   from there, so HBM sees one read of x; each thread reads back only what it wrote, so the
-//   staging needs no barrier. Without STAGE (rows past the shared-memory limit) the later passes
-//   read x again from global memory: a slower path, never a wrong one.
-// Limits: any N < 2^31 - BLOCK * VEC.
+//   Each thread walks columns threadIdx.x * VEC + j * BLOCK * VEC, UNROLL vectors at a time
+//   (their loads are all issued before the first is used). With STAGE, the first pass copies
+//   the row into dynamic shared memory (N elements of T) and the two later passes read it from
+//   there, so HBM sees one read of x; each thread reads back only what it wrote, so the staging
+//   needs no barrier. Without STAGE (rows past the shared-memory limit) the later passes read x
+//   again from global memory: a slower path, never a wrong one.
+// Limits: any N < 2^31 - UNROLL * BLOCK * VEC.
 template <typename T, typename TW, typename TB, int VEC, int BLOCK, bool STAGE>
 __global__ void __launch_bounds__(BLOCK, 1)
     ln_fwd_row(const T* __restrict__ x, const i64 x_stride, T* __restrict__ y,
@@ -123,6 +124,8 @@ __global__ void __launch_bounds__(BLOCK, 1)
                const typename AccOf<T>::type eps) {
   typedef typename AccOf<T>::type A;
   static_assert(BLOCK % 32 == 0 && BLOCK <= 1024, "bad block");
+  constexpr int UNROLL = 4;
+  constexpr int STEP = BLOCK * VEC;
   extern __shared__ __align__(16) unsigned char dyn_smem[];
   T* stage = reinterpret_cast<T*>(dyn_smem);
   __shared__ A red[BLOCK / 32];
@@ -133,30 +136,43 @@ __global__ void __launch_bounds__(BLOCK, 1)
     const A shift = static_cast<A>(widen(xr[0]));
 
     A s = 0;
-    for (int col = threadIdx.x * VEC; col < N; col += BLOCK * VEC) {
-      A v[VEC];
-      if constexpr (STAGE) {
-        const Pack<T, VEC> raw = *reinterpret_cast<const Pack<T, VEC>*>(xr + col);
-        *reinterpret_cast<Pack<T, VEC>*>(stage + col) = raw;
+    for (int base = threadIdx.x * VEC; base < N; base += UNROLL * STEP) {
+      Pack<T, VEC> raw[UNROLL];
 #pragma unroll
-        for (int k = 0; k < VEC; ++k) v[k] = static_cast<A>(widen(raw.v[k]));
-      } else {
-        load_pack<A, T, VEC>(xr + col, v);
+      for (int u = 0; u < UNROLL; ++u) {
+        const int col = base + u * STEP;
+        if (col < N) raw[u] = *reinterpret_cast<const Pack<T, VEC>*>(xr + col);
       }
 #pragma unroll
-      for (int k = 0; k < VEC; ++k) s += v[k] - shift;
+      for (int u = 0; u < UNROLL; ++u) {
+        const int col = base + u * STEP;
+        if (col < N) {
+          if constexpr (STAGE) *reinterpret_cast<Pack<T, VEC>*>(stage + col) = raw[u];
+#pragma unroll
+          for (int k = 0; k < VEC; ++k) s += static_cast<A>(widen(raw[u].v[k])) - shift;
+        }
+      }
     }
     const A mu = group_sum<BLOCK>(s, red) * inv_n;
     const T* __restrict__ src = STAGE ? stage : xr;
 
     A ss = 0;
-    for (int col = threadIdx.x * VEC; col < N; col += BLOCK * VEC) {
-      A v[VEC];
-      load_pack<A, T, VEC>(src + col, v);
+    for (int base = threadIdx.x * VEC; base < N; base += UNROLL * STEP) {
+      A v[UNROLL][VEC];
 #pragma unroll
-      for (int k = 0; k < VEC; ++k) {
-        const A d = v[k] - shift - mu;
-        ss += d * d;
+      for (int u = 0; u < UNROLL; ++u) {
+        const int col = base + u * STEP;
+        if (col < N) load_pack<A, T, VEC>(src + col, v[u]);
+      }
+#pragma unroll
+      for (int u = 0; u < UNROLL; ++u) {
+        if (base + u * STEP < N) {
+#pragma unroll
+          for (int k = 0; k < VEC; ++k) {
+            const A d = v[u][k] - shift - mu;
+            ss += d * d;
+          }
+        }
       }
     }
     const A r = rsqrt_acc(group_sum<BLOCK>(ss, red) * inv_n + eps);
@@ -166,22 +182,33 @@ __global__ void __launch_bounds__(BLOCK, 1)
     }
 
     T* __restrict__ yr = y + row * N;
-    for (int col = threadIdx.x * VEC; col < N; col += BLOCK * VEC) {
-      A v[VEC], p[VEC];
-      load_pack<A, T, VEC>(src + col, v);
+    for (int base = threadIdx.x * VEC; base < N; base += UNROLL * STEP) {
+      A v[UNROLL][VEC];
 #pragma unroll
-      for (int k = 0; k < VEC; ++k) v[k] = (v[k] - shift - mu) * r;
-      if (w != nullptr) {
-        load_pack<A, TW, VEC>(w + col, p);
-#pragma unroll
-        for (int k = 0; k < VEC; ++k) v[k] *= p[k];
+      for (int u = 0; u < UNROLL; ++u) {
+        const int col = base + u * STEP;
+        if (col < N) load_pack<A, T, VEC>(src + col, v[u]);
       }
-      if (b != nullptr) {
-        load_pack<A, TB, VEC>(b + col, p);
 #pragma unroll
-        for (int k = 0; k < VEC; ++k) v[k] += p[k];
+      for (int u = 0; u < UNROLL; ++u) {
+        const int col = base + u * STEP;
+        if (col < N) {
+          A p[VEC];
+#pragma unroll
+          for (int k = 0; k < VEC; ++k) v[u][k] = (v[u][k] - shift - mu) * r;
+          if (w != nullptr) {
+            load_pack<A, TW, VEC>(w + col, p);
+#pragma unroll
+            for (int k = 0; k < VEC; ++k) v[u][k] *= p[k];
+          }
+          if (b != nullptr) {
+            load_pack<A, TB, VEC>(b + col, p);
+#pragma unroll
+            for (int k = 0; k < VEC; ++k) v[u][k] += p[k];
+          }
+          store_pack<T, A, VEC>(yr + col, v[u]);
+        }
       }
-      store_pack<T, A, VEC>(yr + col, v);
     }
   }
 }
