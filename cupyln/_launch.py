@@ -6,18 +6,22 @@ vectors each thread keeps, block size and dynamic shared memory. They need no GP
 enumerate every plan they can return and compile it). ``grid_size`` turns a plan and M into a
 persistent grid from the kernel's measured occupancy.
 
-Thresholds and why:
+Thresholds and why (H200, bf16, M*N = 2**27; scripts/tune.py, data in docs/):
 * register budget per thread for the row: 32 values (forward) / 16 (backward keeps x, dy and
-  the dw/db accumulators: 4 arrays). These keep every variant under ptxas' limit at its block
-  size with no spills (checked by tests/test_compile.py for sm_80 and sm_90);
+  the dw/db accumulators: 4 arrays). Using the full budget (4 x 16-byte loads in flight per
+  thread for bf16) beat every smaller one measured: forward N=2048 3723 GB/s at 64 threads x 4
+  vectors against 3546 at 128 x 2 and 2802 at 256 x 1; N=4096 3398 (128 x 4) against 3241
+  (256 x 2). Every variant stays under ptxas' limit with no spills (tests/test_compile.py);
 * at least 4 threads per row: small rows still get several independent 16-byte loads per
   warp row instead of one thread walking a row;
-* 128 threads per block for the sub-warp tier (4 warps: enough for the SM's 64 warps at
-  16 blocks) and the smallest block of 128/256/512 that holds the row for wider rows
-  (1024-thread blocks cap a thread at 64 registers, and ptxas then spills the row);
+* 128 threads per block for the sub-warp tier (1.5% behind 256 at N=512/1024, within noise);
+  wider rows get a block sized to the row in steps of 64 threads, up to 512 (1024-thread
+  blocks cap a thread at 64 registers and ptxas spills the row; N=16384 at 1024 x 2 measured
+  2241 GB/s against 2501 at 512 x 4);
+* a persistent grid of exactly the resident blocks: for the backward 0.5x and 2x that were
+  measured 5-30% slower (fewer blocks leave SMs idle; more add dw/db partial rows);
 * rows past the register tier go to one block per row, staged in shared memory when
   N * itemsize (x 2 for backward) fits the device's opt-in limit, re-read otherwise.
-These are the initial rungs; the speed work tunes them with measurements in BENCHMARKS.md.
 """
 
 from __future__ import annotations
@@ -29,9 +33,11 @@ from ._dtypes import acc_dtype, ctype
 
 FWD_REG_VALUES = 32
 BWD_REG_VALUES = 16
+MAX_ITEMS = 8  # vector slots per thread: 16 unrolled scalar slots spill in the backward
 MIN_TPR = 4
 SUBWARP_BLOCK = 128
-REG_BLOCKS = (128, 256, 512)  # 1024 threads cap a thread at 64 registers: ptxas spills
+REG_BLOCK_STEP = 64  # block-per-row sizes: multiples of 64 threads...
+REG_BLOCK_MAX = 512  # ...up to 512 (1024 threads cap a thread at 64 registers: ptxas spills)
 FWD_ROW_BLOCK = 512  # 1024 threads cap a thread at 64 registers: the batched loads spill
 BWD_ROW_BLOCK = 512
 STATIC_SMEM_MARGIN = 1024  # the kernels' own static shared memory (reductions), bytes
@@ -78,15 +84,18 @@ def vector_width(itemsize: int, n: int, strides=(), pointers=()) -> int:
 
 def _reg_shape(n: int, vec: int, values: int):
     """(tpr, items, block) for the register tier, or None when the row does not fit.
-    ITEMS is rounded up to a power of two (unused slots are predicated off; fewer variants)."""
+    Rows of up to 32 threads' worth: the fewest threads (a power of two, at least MIN_TPR) that
+    hold the row at the full register budget, ITEMS rounded up to a power of two (unused slots
+    are predicated off). Wider rows: the full budget per thread and the block sized to the row
+    in steps of 64 threads."""
     nvec = _cdiv(n, vec)
-    items_max = max(1, values // vec)
+    items_max = max(1, min(MAX_ITEMS, values // vec))
     if nvec <= 32 * items_max:
         tpr = min(32, max(MIN_TPR, _pow2_at_least(_cdiv(nvec, items_max))))
         return tpr, _pow2_at_least(_cdiv(nvec, tpr)), SUBWARP_BLOCK
-    for block in REG_BLOCKS:
-        if _cdiv(nvec, block) <= items_max:
-            return block, _pow2_at_least(_cdiv(nvec, block)), block
+    block = _cdiv(_cdiv(nvec, items_max), REG_BLOCK_STEP) * REG_BLOCK_STEP
+    if block <= REG_BLOCK_MAX:
+        return block, items_max, block
     return None
 
 

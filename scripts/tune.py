@@ -33,19 +33,17 @@ def pow2(n):
 def fwd_candidates(n, vec, tx):
     nvec = -(-n // vec)
     out = []
-    for tpr in (2, 4, 8, 16, 32):
+    for tpr in (4, 8, 16, 32):
         items = pow2(-(-nvec // tpr))
-        if items * vec <= 64:
+        if items * vec <= 32:
             for block in (128, 256):
                 out.append(("reg", items, tpr, block))
-    for block in (64, 128, 256, 512, 1024):
+    for block in (64, 128, 192, 256, 320, 384, 448, 512, 1024):
         items = pow2(-(-nvec // block))
-        cap = 16 if block == 1024 else 64
-        if block > 32 and items * vec <= cap:
+        if items * vec <= (16 if block == 1024 else 32):
             out.append(("reg", items, block, block))
-    if n >= 4096:
-        for block in (256, 512, 1024):
-            out.append(("row", 0, block, block))
+    if n >= 8192:
+        out += [("row", 0, block, block) for block in (256, 512)]
     return out
 
 
@@ -54,16 +52,14 @@ def bwd_candidates(n, vec):
     out = []
     for tpr in (4, 8, 16, 32):
         items = pow2(-(-nvec // tpr))
-        if items * vec <= 32:
+        if items * vec <= 16:
             out.append(("reg", items, tpr, 128))
-    for block in (64, 128, 256, 512, 1024):
+    for block in (64, 128, 192, 256, 320, 384, 448, 512, 1024):
         items = pow2(-(-nvec // block))
-        cap = 8 if block == 1024 else 32
-        if items * vec <= cap:
+        if items * vec <= (8 if block == 1024 else 16):
             out.append(("reg", items, block, block))
-    if n >= 4096:
-        for block in (256, 512, 1024):
-            out.append(("row", 0, block, block))
+    if n >= 8192:
+        out += [("row", 0, block, block) for block in (256, 512)]
     return out
 
 
@@ -108,7 +104,8 @@ def main():
                 continue
             cap = _api._capacity(k, block, smem, dev)
             rows = block // tpr
-            for grid_name, grid in (("persistent", cap), ("full", -(-m // rows))):
+            grids = [("persistent", cap), ("full", -(-m // rows))]
+            for grid_name, grid in grids:
                 g = max(1, min(grid, 2**31 - 1))
                 args_ = (x, numpy.int64(n), y, w, b, mean, rstd, numpy.int64(m),
                          numpy.int32(n), acc(1e-5))  # fmt: skip

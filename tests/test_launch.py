@@ -38,8 +38,9 @@ def test_every_width_gets_a_valid_plan(dtype, smem):
                 if plan.tier == "reg":
                     assert plan.tpr * plan.items * vec >= n, (plan, n)  # the row fits
                     assert plan.items * vec * acc_words <= budget, plan  # registers
+                    assert plan.items <= _launch.MAX_ITEMS
                     assert plan.tpr <= 32 or plan.tpr == plan.block
-                    assert plan.block <= 512 and plan.smem == 0
+                    assert plan.block <= _launch.REG_BLOCK_MAX and plan.smem == 0
                 else:
                     assert plan.tpr == plan.block and plan.rows == 1
                     assert plan.smem <= smem - _launch.STATIC_SMEM_MARGIN

@@ -31,6 +31,7 @@ __global__ void __launch_bounds__(BLOCK, 1)
                typename AccOf<T>::type* __restrict__ dw_part,
                typename AccOf<T>::type* __restrict__ db_part, const i64 M, const int N) {
   typedef typename AccOf<T>::type A;
+  typedef Pack<T, VEC> P;
   static_assert(TPR <= 32 ? (32 % TPR == 0 && BLOCK % 32 == 0) : TPR == BLOCK, "bad tiling");
   static_assert(BLOCK % 32 == 0 && BLOCK <= 1024, "bad block");
   constexpr int ROWS = BLOCK / TPR;
@@ -39,6 +40,7 @@ __global__ void __launch_bounds__(BLOCK, 1)
 
   const int lane = threadIdx.x % TPR;
   const A inv_n = A(1) / A(N);
+  const i64 step = static_cast<i64>(gridDim.x) * ROWS;
 
   A dw_acc[ITEMS][VEC], db_acc[ITEMS][VEC];
 #pragma unroll
@@ -47,20 +49,33 @@ __global__ void __launch_bounds__(BLOCK, 1)
     for (int k = 0; k < VEC; ++k) dw_acc[i][k] = db_acc[i][k] = 0;
   }
 
-  for (i64 row = static_cast<i64>(blockIdx.x) * ROWS + threadIdx.x / TPR; row < M;
-       row += static_cast<i64>(gridDim.x) * ROWS) {
-    const T* __restrict__ xr = x + row * x_stride;
-    const T* __restrict__ gr = dy + row * dy_stride;
-    const A mu = mean[row];
-    const A r = rstd[row];
-
-    A xv[ITEMS][VEC], gv[ITEMS][VEC];
+  P rx[ITEMS], rg[ITEMS];  // the row's x and dy as loaded
+  A mu_f = 0, r_f = 0;     // and its statistics
+  auto fetch = [&](const i64 r) {
+    const T* __restrict__ xr = x + r * x_stride;
+    const T* __restrict__ gr = dy + r * dy_stride;
+    mu_f = mean[r];
+    r_f = rstd[r];
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
       const int col = (i * TPR + lane) * VEC;
       if (col < N) {
-        load_pack<A, T, VEC>(xr + col, xv[i]);
-        load_pack<A, T, VEC>(gr + col, gv[i]);
+        rx[i] = *reinterpret_cast<const P*>(xr + col);
+        rg[i] = *reinterpret_cast<const P*>(gr + col);
+      }
+    }
+  };
+
+  for (i64 row = static_cast<i64>(blockIdx.x) * ROWS + threadIdx.x / TPR; row < M; row += step) {
+    fetch(row);
+    const A mu = mu_f, r = r_f;
+    A xv[ITEMS][VEC], gv[ITEMS][VEC];
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) {
+        xv[i][k] = static_cast<A>(widen(rx[i].v[k]));
+        gv[i][k] = static_cast<A>(widen(rg[i].v[k]));
       }
     }
 
