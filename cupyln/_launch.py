@@ -38,10 +38,12 @@ MIN_TPR = 4
 SUBWARP_BLOCK = 128
 REG_BLOCK_STEP = 64  # block-per-row sizes: multiples of 64 threads...
 REG_BLOCK_MAX = 512  # ...up to 512 (1024 threads cap a thread at 64 registers: ptxas spills)
-# Row tiers: 256 threads measured faster than 512 (two blocks share an SM and overlap their
-# phases): forward N=8192 1689 against 983 GB/s, backward N=12288 1478 against 1039 GB/s.
-FWD_ROW_BLOCK = 256
-BWD_ROW_BLOCK = 256
+# Row tiers: 256 threads measured faster than 512 where two or more blocks share an SM and
+# overlap their phases (forward N=8192 1689 against 983 GB/s, backward N=12288 1478 against
+# 1039); where the staged row leaves room for one block per SM, the forward needs the 512
+# threads (N=65536 bf16: 1553 GB/s at 512 against 975 at 256).
+ROW_BLOCK = 256
+ROW_BLOCK_ALONE = 512
 STATIC_SMEM_MARGIN = 1024  # the kernels' own static shared memory (reductions), bytes
 REDUCE_BLOCK = (32, 8)  # ln_partial_reduce and ln_bwd_dwdb_cols
 
@@ -112,7 +114,8 @@ def forward_plan(n: int, x_dtype, w_dtype, b_dtype, vec: int, smem_limit: int) -
         return Plan(_compile.FWD_SOURCE, expr, "reg", vec, items, tpr, block, block // tpr, 0)
     row_bytes = _cdiv(n * x_dtype.itemsize, 16) * 16
     stage = row_bytes <= smem_limit - STATIC_SMEM_MARGIN
-    block = FWD_ROW_BLOCK
+    alone = not stage or 2 * (row_bytes + STATIC_SMEM_MARGIN) > smem_limit
+    block = ROW_BLOCK_ALONE if alone else ROW_BLOCK
     expr = _compile.template("ln_fwd_row", tx, tw, tb, vec, block, stage)
     smem = row_bytes if stage else 0
     return Plan(_compile.FWD_SOURCE, expr, "row", vec, 0, block, block, 1, smem)
@@ -129,7 +132,7 @@ def backward_plan(n: int, x_dtype, w_dtype, vec: int, smem_limit: int) -> Plan:
         return Plan(_compile.BWD_SOURCE, expr, "reg", vec, items, tpr, block, block // tpr, 0)
     row_bytes = 2 * _cdiv(n * x_dtype.itemsize, 16) * 16
     stage = row_bytes <= smem_limit - STATIC_SMEM_MARGIN
-    block = BWD_ROW_BLOCK
+    block = ROW_BLOCK
     expr = _compile.template("ln_bwd_row", tx, tw, vec, block, stage)
     smem = row_bytes if stage else 0
     return Plan(_compile.BWD_SOURCE, expr, "row", vec, 0, block, block, 1, smem)
