@@ -144,5 +144,32 @@ def run(
     return copy, rows
 
 
+def host_overhead_us(calls: int = 5000) -> dict:
+    """CPU microseconds per call of forward / backward on tiny arrays (4 x 64 float32), warm:
+    what the Python layer costs on top of the launch, measured over many calls."""
+    import time
+
+    import cupy
+
+    x = ref.sample((4, 64), "float32", seed=0)
+    w = ref.sample((64,), "float32", seed=1)
+    dy = ref.sample((4, 64), "float32", seed=2)
+    _, mean, rstd = _api.forward(x, w, w)
+    out = {}
+    for name, fn in (
+        ("forward", lambda: _api.forward(x, w, w)),
+        ("backward", lambda: _api.backward(dy, x, w, mean, rstd)),
+    ):
+        for _ in range(100):
+            fn()
+        cupy.cuda.get_current_stream().synchronize()
+        t = time.process_time()
+        for _ in range(calls):
+            fn()
+        out[name] = (time.process_time() - t) / calls * 1e6
+        cupy.cuda.get_current_stream().synchronize()
+    return out
+
+
 def as_dicts(rows):
     return [asdict(r) for r in rows]

@@ -131,6 +131,10 @@ def cmd_bench(args) -> int:
         return 2
     from cupyln import bench
 
+    if args.overhead:
+        for name, us in bench.host_overhead_us().items():
+            print(f"host time per {name} call (4 x 64 float32): {us:.1f} us")
+        return 0
     ns = tuple(int(v) for v in args.n.split(",")) if args.n else bench.DEFAULT_NS
 
     def show(r):
@@ -168,6 +172,7 @@ def main(argv=None) -> int:
     b.add_argument("--log2-elements", type=int, default=27, help="M*N = 2**this (default 27)")
     b.add_argument("--n", default="", help="comma-separated row widths (default: the sweep)")
     b.add_argument("--no-torch", action="store_true", help="skip the torch comparison")
+    b.add_argument("--overhead", action="store_true", help="CPU time per call, tiny arrays")
     b.add_argument("-v", "--verbose", action="store_true", help="show each width's kernels")
     b.add_argument("--csv", default="", help="write the rows to this CSV file")
     b.add_argument("--json", default="", help="write copy bandwidth and rows to this JSON file")

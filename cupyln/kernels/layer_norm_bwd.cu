@@ -262,7 +262,6 @@ __global__ void __launch_bounds__(256, 1)
                      typename AccOf<T>::type* __restrict__ db_part, const i64 M, const int N,
                      const i64 rows_per_slice) {
   typedef typename AccOf<T>::type A;
-  __shared__ A sdw[8][32], sdb[8][32];
   const int col = blockIdx.x * 32 + threadIdx.x;
   const i64 r0 = static_cast<i64>(blockIdx.y) * rows_per_slice;
   const i64 r1 = r0 + rows_per_slice < M ? r0 + rows_per_slice : M;
@@ -276,15 +275,8 @@ __global__ void __launch_bounds__(256, 1)
       dba += g;
     }
   }
-  sdw[threadIdx.y][threadIdx.x] = dwa;
-  sdb[threadIdx.y][threadIdx.x] = dba;
-  __syncthreads();
+  sum_over_y8(dwa, dba);
   if (threadIdx.y == 0 && col < N) {
-#pragma unroll
-    for (int j = 1; j < 8; ++j) {
-      dwa += sdw[j][threadIdx.x];
-      dba += sdb[j][threadIdx.x];
-    }
     const i64 o = static_cast<i64>(blockIdx.y) * N + col;
     if (dw_part != nullptr) dw_part[o] = dwa;
     db_part[o] = dba;
@@ -297,7 +289,6 @@ template <typename A, typename TW, typename TB>
 __global__ void __launch_bounds__(256, 1)
     ln_partial_reduce(const A* __restrict__ dw_part, const A* __restrict__ db_part, const int G,
                       const int N, TW* __restrict__ dw, TB* __restrict__ db) {
-  __shared__ A sdw[8][32], sdb[8][32];
   const int col = blockIdx.x * 32 + threadIdx.x;
   A dwa = 0, dba = 0;
   if (col < N) {
@@ -308,15 +299,8 @@ __global__ void __launch_bounds__(256, 1)
       dba += db_part[o];
     }
   }
-  sdw[threadIdx.y][threadIdx.x] = dwa;
-  sdb[threadIdx.y][threadIdx.x] = dba;
-  __syncthreads();
+  sum_over_y8(dwa, dba);
   if (threadIdx.y == 0 && col < N) {
-#pragma unroll
-    for (int j = 1; j < 8; ++j) {
-      dwa += sdw[j][threadIdx.x];
-      dba += sdb[j][threadIdx.x];
-    }
     if (dw != nullptr) dw[col] = narrow<TW>(dwa);
     db[col] = narrow<TB>(dba);
   }
