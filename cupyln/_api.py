@@ -15,7 +15,7 @@ import numpy
 from . import _compile, _launch
 from ._dtypes import SUPPORTED_NAMES, TABLE, acc_dtype
 
-_NULL = numpy.uint64(0)  # a null pointer kernel argument
+_u64 = numpy.uint64  # a pointer kernel argument (0: null)
 _MAX_N = 2**31 - 2**16  # columns are int32 in the kernels, with room for one block stride
 
 
@@ -93,22 +93,32 @@ def _check_outs(out, names, specs, device_id):
 
 
 # ------------------------------------------------------------------------ layout
+def row_stride(shape, strides):
+    """Row stride, in elements, of the (M, N) row view of an array with this ``shape`` and
+    ``strides`` (in elements): its rows must sit at one non-negative stride with a contiguous
+    last dimension. None when they do not (the caller copies)."""
+    n = shape[-1]
+    if n != 1 and strides[-1] != 1:
+        return None
+    lead = [(d, s) for d, s in zip(shape[:-1], strides[:-1]) if d != 1]
+    if not lead:
+        return n
+    if any(s0 != s1 * d1 for (_, s0), (d1, s1) in zip(lead, lead[1:])):
+        return None
+    return lead[-1][1] if lead[-1][1] >= 0 else None
+
+
 def _rows(a):
-    """(array, row stride in elements) such that row i of the (M, N) view starts at
-    a.data.ptr + i * stride elements with unit column stride; copies layouts that cannot."""
-    n = a.shape[-1]
+    """(array, row stride in elements) for a CuPy array: rows at one stride are used in place,
+    other layouts are copied to C order."""
     e = a.itemsize
-    ok = n == 1 or a.strides[-1] == e
-    lead = [(d, s) for d, s in zip(a.shape[:-1], a.strides[:-1]) if d != 1]
-    stride = n * e
-    if lead:
-        stride = lead[-1][1]
-        ok = ok and stride >= 0 and stride % e == 0
-        ok = ok and all(s0 == s1 * d1 for (_, s0), (d1, s1) in zip(lead, lead[1:]))
-    if not ok:
+    stride = None
+    if all(s % e == 0 for s in a.strides):
+        stride = row_stride(a.shape, [s // e for s in a.strides])
+    if stride is None:
         a = _cupy().ascontiguousarray(a)
-        stride = n * e
-    return a, stride // e
+        stride = a.shape[-1]
+    return a, stride
 
 
 def _aligned_vector(a):
@@ -203,6 +213,63 @@ def describe(x, w=None, b=None) -> dict:
     return out
 
 
+# ------------------------------------------------------------------------ launch on pointers
+# The kernels take raw device pointers: these two functions are what the CuPy API below and the
+# framework bridges share. They launch on the current device and current CuPy stream, and need
+# pointers to memory of the dtypes named (w/b pointers 64-byte aligned, or 0 for none).
+def launch_forward(dev, m, n, x_ptr, x_stride, x_dtype, y_ptr, w_ptr, w_dtype, b_ptr, b_dtype,
+                   mean_ptr, rstd_ptr, eps):  # fmt: skip
+    """Forward of M >= 1 rows of N; y contiguous, mean/rstd of M values."""
+    vec = _launch.vector_width(x_dtype.itemsize, n, (x_stride,), (x_ptr, y_ptr))
+    k, plan, cap = _forward_launch(dev, n, x_dtype, w_dtype, b_dtype, vec)
+    grid = _launch.grid_size(m, plan.rows, cap)
+    args = (
+        _u64(x_ptr), numpy.int64(x_stride), _u64(y_ptr), _u64(w_ptr), _u64(b_ptr),
+        _u64(mean_ptr), _u64(rstd_ptr), numpy.int64(m), numpy.int32(n),
+        acc_dtype(x_dtype).type(eps),
+    )  # fmt: skip
+    k((grid,), (plan.block,), args, shared_mem=plan.smem)
+
+
+def launch_backward(dev, m, n, dy_ptr, dy_stride, x_ptr, x_stride, x_dtype, w_ptr, w_dtype,
+                    mean_ptr, rstd_ptr, dx_ptr, dw_ptr, db_ptr, db_dtype, workspace):  # fmt: skip
+    """Backward of M >= 1 rows of N; dx contiguous. ``workspace(count)`` returns (pointer, owner)
+    for ``count`` values of the arithmetic dtype, allocated on the current stream (the owner
+    is kept until the launches are queued)."""
+    esz = acc_dtype(x_dtype).itemsize
+    vec = _launch.vector_width(x_dtype.itemsize, n, (x_stride, dy_stride), (x_ptr, dy_ptr, dx_ptr))
+    k, plan, cap, red, cols = _backward_launch(dev, n, x_dtype, w_dtype, db_dtype, vec)
+    common = (_u64(dy_ptr), numpy.int64(dy_stride), _u64(x_ptr), numpy.int64(x_stride))
+    if plan.tier == "reg":
+        g = _launch.grid_size(m, plan.rows, cap)
+        part, owner = workspace(2 * g * n)
+        dw_part = part if w_ptr else 0
+        db_part = part + g * n * esz
+        k((g,), (plan.block,),
+          common + (_u64(w_ptr), _u64(mean_ptr), _u64(rstd_ptr), _u64(dx_ptr), _u64(dw_part),
+                    _u64(db_part), numpy.int64(m), numpy.int32(n)))  # fmt: skip
+    else:
+        grid = _launch.grid_size(m, 1, cap)
+        k((grid,), (plan.block,),
+          common + (_u64(w_ptr), _u64(mean_ptr), _u64(rstd_ptr), _u64(dx_ptr), numpy.int64(m),
+                    numpy.int32(n)), shared_mem=plan.smem)  # fmt: skip
+        g, per = _launch.dwdb_slices(m, n, _device(dev).sm_count)
+        part, owner = workspace(2 * g * n)
+        dw_part = part if w_ptr else 0
+        db_part = part + g * n * esz
+        cols((-(-n // 32), g), _launch.REDUCE_BLOCK,
+             common + (_u64(mean_ptr), _u64(rstd_ptr), _u64(dw_part), _u64(db_part),
+                       numpy.int64(m), numpy.int32(n), numpy.int64(per)))  # fmt: skip
+    red((-(-n // 32),), _launch.REDUCE_BLOCK,
+        (_u64(dw_part), _u64(db_part), numpy.int32(g), numpy.int32(n), _u64(dw_ptr),
+         _u64(db_ptr)))  # fmt: skip
+    del owner
+
+
+def _ptr(a) -> int:
+    return 0 if a is None else a.data.ptr
+
+
 # ------------------------------------------------------------------------ public functions
 def forward(x, w=None, b=None, eps=1e-5, *, out=None):
     """LayerNorm over the last dimension of ``x``.
@@ -239,17 +306,10 @@ def forward(x, w=None, b=None, eps=1e-5, *, out=None):
             return y, mean, rstd
         x2, stride = _rows(x)
         w, b = _aligned_vector(w), _aligned_vector(b)
-        vec = _launch.vector_width(x.itemsize, n, (stride,), (x2.data.ptr, y.data.ptr))
         wdt = x.dtype if w is None else w.dtype
         bdt = x.dtype if b is None else b.dtype
-        k, plan, cap = _forward_launch(dev, n, x.dtype, wdt, bdt, vec)
-        grid = _launch.grid_size(m, plan.rows, cap)
-        args = (
-            x2, numpy.int64(stride), y,
-            _NULL if w is None else w, _NULL if b is None else b,
-            mean, rstd, numpy.int64(m), numpy.int32(n), acc.type(eps),
-        )  # fmt: skip
-        k((grid,), (plan.block,), args, shared_mem=plan.smem)
+        launch_forward(dev, m, n, x2.data.ptr, stride, x.dtype, y.data.ptr, _ptr(w), wdt,
+                       _ptr(b), bdt, mean.data.ptr, rstd.data.ptr, eps)  # fmt: skip
     return y, mean, rstd
 
 
@@ -316,30 +376,12 @@ def backward(dy, x, w, mean, rstd, *, bias_dtype=None, out=None):
         mean = cupy.ascontiguousarray(mean)
         rstd = cupy.ascontiguousarray(rstd)
         w = _aligned_vector(w)
-        vec = _launch.vector_width(
-            x.itemsize, n, (xs, gs), (x2.data.ptr, dy2.data.ptr, dx.data.ptr)
-        )
-        k, plan, cap, red, cols = _backward_launch(dev, n, x.dtype, wdt, db_dtype, vec)
-        wp = _NULL if w is None else w
-        if plan.tier == "reg":
-            g = _launch.grid_size(m, plan.rows, cap)
-            part = cupy.empty((2, g, n), acc)
-            dw_part = _NULL if w is None else part[0]
-            k((g,), (plan.block,),
-              (dy2, numpy.int64(gs), x2, numpy.int64(xs), wp, mean, rstd, dx,
-               dw_part, part[1], numpy.int64(m), numpy.int32(n)))  # fmt: skip
-        else:
-            grid = _launch.grid_size(m, 1, cap)
-            k((grid,), (plan.block,),
-              (dy2, numpy.int64(gs), x2, numpy.int64(xs), wp, mean, rstd, dx,
-               numpy.int64(m), numpy.int32(n)), shared_mem=plan.smem)  # fmt: skip
-            g, per = _launch.dwdb_slices(m, n, _device(dev).sm_count)
-            part = cupy.empty((2, g, n), acc)
-            dw_part = _NULL if w is None else part[0]
-            cols((-(-n // 32), g), _launch.REDUCE_BLOCK,
-                 (dy2, numpy.int64(gs), x2, numpy.int64(xs), mean, rstd, dw_part, part[1],
-                  numpy.int64(m), numpy.int32(n), numpy.int64(per)))  # fmt: skip
-        red((-(-n // 32),), _launch.REDUCE_BLOCK,
-            (dw_part, part[1], numpy.int32(g), numpy.int32(n), _NULL if dw is None else dw,
-             db))  # fmt: skip
+
+        def workspace(count):
+            part = cupy.empty(count, acc)
+            return part.data.ptr, part
+
+        launch_backward(dev, m, n, dy2.data.ptr, gs, x2.data.ptr, xs, x.dtype, _ptr(w), wdt,
+                        mean.data.ptr, rstd.data.ptr, dx.data.ptr, _ptr(dw), db.data.ptr,
+                        db_dtype, workspace)  # fmt: skip
     return dx, dw, db

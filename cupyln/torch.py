@@ -1,0 +1,273 @@
+"""torch bridge: cupyln's kernels on torch CUDA tensors, with autograd.
+
+    import cupyln.torch
+    y = cupyln.torch.layer_norm(x, (N,), weight, bias, eps)  # as torch.nn.functional.layer_norm
+    ln = cupyln.torch.LayerNorm(N)                            # as torch.nn.LayerNorm
+    cupyln.torch.replace_layer_norms(model)                   # every nn.LayerNorm of a model
+
+Forward and backward are ``torch.library`` custom ops (``torch.ops.cupyln.layer_norm_fwd`` and
+``torch.ops.cupyln.layer_norm_bwd``) with fake implementations and autograd, so
+``torch.compile(fullgraph=True)`` keeps them in its graph. Kernels launch by raw pointers on
+torch's current stream of the input's device; every output comes from torch's caching
+allocator. Each new row width or dtype compiles its kernels on first use (cached on disk by
+CuPy): run a model once before capturing it in a CUDA graph.
+
+Under ``torch.autocast`` the layer behaves as ``torch.nn.functional.layer_norm`` does there: the
+input, weight and bias are taken in float32 and the output is float32.
+"""
+
+import math
+from typing import Optional
+
+import torch
+
+from . import _api
+from ._dtypes import BFLOAT16, FLOAT16, FLOAT32, FLOAT64
+
+__all__ = ["layer_norm", "LayerNorm", "replace_layer_norms"]
+
+#: torch dtype -> the NumPy dtype the launch heuristic and the C-type table know
+_NP = {
+    torch.float32: FLOAT32,
+    torch.float16: FLOAT16,
+    torch.bfloat16: BFLOAT16,
+    torch.float64: FLOAT64,
+}
+_NAMES = "float32, float16, bfloat16, float64"
+
+
+def _acc(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _check(t, name: str, device=None) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor; got {type(t).__name__}")
+    if t.dtype not in _NP:
+        raise TypeError(f"{name} must have dtype {_NAMES}; got {t.dtype}")
+    if t.device.type != "cuda":
+        raise ValueError(f"{name} must be a CUDA tensor; got a tensor on {t.device}")
+    if device is not None and t.device != device:
+        raise ValueError(f"{name} must be on {device} with the input; got {t.device}")
+
+
+# ------------------------------------------------------------------ streams
+_streams: dict = {}
+
+
+class _OnTorchStream:
+    """Makes the tensor's device current and torch's current stream on it CuPy's current stream,
+    for the launches inside the block."""
+
+    __slots__ = ("_dev", "_stream")
+
+    def __init__(self, device: torch.device):
+        import cupy
+
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        ptr = torch.cuda.current_stream(index).cuda_stream
+        stream = _streams.get((index, ptr))
+        if stream is None:
+            stream = _streams[(index, ptr)] = cupy.cuda.ExternalStream(ptr, index)
+        self._dev = _api._OnDevice(index)
+        self._stream = stream
+
+    def __enter__(self):
+        self._dev.__enter__()
+        self._stream.__enter__()
+
+    def __exit__(self, *exc):
+        self._stream.__exit__(*exc)
+        self._dev.__exit__(*exc)
+
+
+def _rows(t: torch.Tensor):
+    """(tensor, row stride in elements): rows at one stride in place, other layouts copied."""
+    stride = _api.row_stride(tuple(t.shape), t.stride())
+    if stride is None:
+        t = t.contiguous()
+        stride = t.shape[-1]
+    return t, stride
+
+
+def _vector(t):
+    """w/b as a contiguous tensor whose start is 64-byte aligned (the kernels' pack loads)."""
+    if t is None:
+        return None
+    t = t.contiguous()
+    return t if t.data_ptr() % 64 == 0 else t.clone()
+
+
+def _ptr(t) -> int:
+    return 0 if t is None else t.data_ptr()
+
+
+# ------------------------------------------------------------------ custom ops
+@torch.library.custom_op("cupyln::layer_norm_fwd", mutates_args=())
+def _fwd(
+    x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor], eps: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(y, mean, rstd) of LayerNorm over the last dimension of x (see cupyln.forward)."""
+    _check(x, "input")
+    n = x.shape[-1]
+    for t, name in ((weight, "weight"), (bias, "bias")):
+        if t is not None:
+            _check(t, name, x.device)
+            if t.shape != (n,):
+                raise ValueError(f"{name} must have shape ({n},); got {tuple(t.shape)}")
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    mean = torch.empty(x.shape[:-1], dtype=_acc(x.dtype), device=x.device)
+    rstd = torch.empty(x.shape[:-1], dtype=_acc(x.dtype), device=x.device)
+    m = y.numel() // n if n else 0
+    if m == 0:
+        return y, mean, rstd
+    x, stride = _rows(x)
+    weight, bias = _vector(weight), _vector(bias)
+    xdt = _NP[x.dtype]
+    with _OnTorchStream(x.device):
+        _api.launch_forward(
+            x.device.index, m, n, x.data_ptr(), stride, xdt, y.data_ptr(),
+            _ptr(weight), xdt if weight is None else _NP[weight.dtype],
+            _ptr(bias), xdt if bias is None else _NP[bias.dtype],
+            mean.data_ptr(), rstd.data_ptr(), eps,
+        )  # fmt: skip
+    return y, mean, rstd
+
+
+@_fwd.register_fake
+def _fwd_fake(x, weight, bias, eps):
+    acc = _acc(x.dtype)
+    return (
+        x.new_empty(x.shape),
+        x.new_empty(x.shape[:-1], dtype=acc),
+        x.new_empty(x.shape[:-1], dtype=acc),
+    )
+
+
+@torch.library.custom_op("cupyln::layer_norm_bwd", mutates_args=())
+def _bwd(
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    weight: Optional[torch.Tensor],
+    mean: torch.Tensor,
+    rstd: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dx, dw, db) at the saved statistics (see cupyln.backward). dw has no elements when
+    there is no weight; db has the weight's dtype (x's without a weight)."""
+    _check(x, "input")
+    _check(dy, "grad_output", x.device)
+    if dy.shape != x.shape or dy.dtype != x.dtype:
+        raise ValueError(
+            f"grad_output must match the input ({x.dtype} {tuple(x.shape)}); "
+            f"got {dy.dtype} {tuple(dy.shape)}"
+        )
+    n = x.shape[-1]
+    wdt = x.dtype if weight is None else weight.dtype
+    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    dw = torch.empty(0 if weight is None else n, dtype=wdt, device=x.device)
+    db = torch.empty(n, dtype=wdt, device=x.device)
+    m = dx.numel() // n if n else 0
+    if m == 0:
+        dw.zero_()
+        db.zero_()
+        return dx, dw, db
+    x, xs = _rows(x)
+    dy, gs = _rows(dy)
+    acc = _acc(x.dtype)
+    mean = mean.to(acc).contiguous()
+    rstd = rstd.to(acc).contiguous()
+    weight = _vector(weight)
+    device = x.device
+
+    def workspace(count):
+        part = torch.empty(count, dtype=acc, device=device)
+        return part.data_ptr(), part
+
+    with _OnTorchStream(device):
+        _api.launch_backward(
+            device.index, m, n, dy.data_ptr(), gs, x.data_ptr(), xs, _NP[x.dtype],
+            _ptr(weight), _NP[wdt], mean.data_ptr(), rstd.data_ptr(), dx.data_ptr(),
+            _ptr(dw) if weight is not None else 0, db.data_ptr(), _NP[wdt], workspace,
+        )  # fmt: skip
+    return dx, dw, db
+
+
+@_bwd.register_fake
+def _bwd_fake(dy, x, weight, mean, rstd):
+    n = x.shape[-1]
+    wdt = x.dtype if weight is None else weight.dtype
+    return (
+        x.new_empty(x.shape),
+        x.new_empty(0 if weight is None else n, dtype=wdt),
+        x.new_empty(n, dtype=wdt),
+    )
+
+
+def _setup_context(ctx, inputs, output):
+    x, weight, bias, _eps = inputs
+    _, mean, rstd = output
+    ctx.save_for_backward(x, weight, mean, rstd)
+    ctx.bias_dtype = None if bias is None else bias.dtype
+    ctx.mark_non_differentiable(mean, rstd)
+
+
+def _backward(ctx, dy, _dmean, _drstd):
+    x, weight, mean, rstd = ctx.saved_tensors
+    dx, dw, db = torch.ops.cupyln.layer_norm_bwd(dy, x, weight, mean, rstd)
+    gx = dx if ctx.needs_input_grad[0] else None
+    gw = dw if ctx.needs_input_grad[1] else None
+    gb = None
+    if ctx.needs_input_grad[2]:
+        gb = db if db.dtype == ctx.bias_dtype else db.to(ctx.bias_dtype)
+    return gx, gw, gb, None
+
+
+_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+# ------------------------------------------------------------------ public API
+def layer_norm(input, normalized_shape, weight=None, bias=None, eps: float = 1e-5):
+    """``torch.nn.functional.layer_norm`` with cupyln's kernels (CUDA tensors of float32,
+    float16, bfloat16 or float64; weight and bias may have their own dtypes)."""
+    shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    _check(input, "input")
+    k = len(shape)
+    if k == 0 or tuple(input.shape[input.dim() - k :]) != shape or input.dim() < k:
+        raise ValueError(
+            f"Given normalized_shape={list(shape)}, expected input with shape "
+            f"[*, {', '.join(map(str, shape))}], but got input of size {list(input.shape)}"
+        )
+    for t, name in ((weight, "weight"), (bias, "bias")):
+        if t is not None:
+            _check(t, name, input.device)
+            if tuple(t.shape) != shape:
+                raise ValueError(f"{name} must have shape {list(shape)}; got {list(t.shape)}")
+    if not (isinstance(eps, (int, float)) and math.isfinite(eps) and eps >= 0):
+        raise ValueError(f"eps must be a finite number >= 0; got {eps!r}")
+    if torch.is_autocast_enabled("cuda"):  # as F.layer_norm: float32 in, float32 out
+        input = input.float()
+        weight = None if weight is None else weight.float()
+        bias = None if bias is None else bias.float()
+    n = math.prod(shape)
+    x = input.reshape(*input.shape[: input.dim() - k], n)
+    w = None if weight is None else weight.reshape(n)
+    b = None if bias is None else bias.reshape(n)
+    y = torch.ops.cupyln.layer_norm_fwd(x, w, b, float(eps))[0]
+    return y.reshape(input.shape)
+
+
+class LayerNorm(torch.nn.LayerNorm):
+    """``torch.nn.LayerNorm`` computed by cupyln: the same constructor, parameters and
+    ``state_dict`` (a checkpoint loads either way), and ``isinstance(m, nn.LayerNorm)``."""
+
+    def forward(self, input):
+        return layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps)
+
+
+def replace_layer_norms(module: torch.nn.Module) -> torch.nn.Module:
+    """Make every ``torch.nn.LayerNorm`` in ``module`` a ``cupyln.torch.LayerNorm`` in place
+    (parameters, buffers and hooks kept); returns ``module``."""
+    for m in module.modules():
+        if type(m) is torch.nn.LayerNorm:
+            m.__class__ = LayerNorm
+    return module

@@ -1,0 +1,60 @@
+"""CPU tier of the torch bridge: the module is nn.LayerNorm's twin (constructor, parameters,
+state_dict), the custom ops' fake implementations give the right shapes and dtypes, and bad
+input is refused clearly."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+clt = pytest.importorskip("cupyln.torch")
+
+
+@pytest.mark.parametrize("shape", [8, (4, 8)])
+@pytest.mark.parametrize("affine,bias", [(True, True), (True, False), (False, False)])
+def test_module_matches_nn_layer_norm(shape, affine, bias):
+    a = clt.LayerNorm(shape, eps=1e-6, elementwise_affine=affine, bias=bias, dtype=torch.float64)
+    b = torch.nn.LayerNorm(shape, eps=1e-6, elementwise_affine=affine, bias=bias,
+                           dtype=torch.float64)  # fmt: skip
+    assert isinstance(a, torch.nn.LayerNorm)
+    assert a.normalized_shape == b.normalized_shape and a.eps == b.eps
+    assert [(k, v.shape, v.dtype) for k, v in a.state_dict().items()] == [
+        (k, v.shape, v.dtype) for k, v in b.state_dict().items()
+    ]
+    if affine:
+        with torch.no_grad():
+            b.weight.uniform_()
+        a.load_state_dict(b.state_dict())
+        assert torch.equal(a.weight, b.weight)
+        b.load_state_dict(a.state_dict())
+
+
+def test_replace_layer_norms_keeps_parameters():
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.LayerNorm(8),
+                                torch.nn.Sequential(torch.nn.LayerNorm(8)))  # fmt: skip
+    w = model[1].weight
+    clt.replace_layer_norms(model)
+    assert type(model[1]) is clt.LayerNorm and type(model[2][0]) is clt.LayerNorm
+    assert model[1].weight is w
+    assert set(model.state_dict()) == {"0.weight", "0.bias", "1.weight", "1.bias",
+                                       "2.0.weight", "2.0.bias"}  # fmt: skip
+
+
+@pytest.mark.parametrize("xdt", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("wdt", [None, torch.float32, torch.bfloat16])
+def test_fake_shapes_and_dtypes(xdt, wdt):
+    x = torch.empty(3, 5, 40, device="meta", dtype=xdt)
+    w = None if wdt is None else torch.empty(40, device="meta", dtype=wdt)
+    y, mean, rstd = torch.ops.cupyln.layer_norm_fwd(x, w, w, 1e-5)
+    acc = torch.float64 if xdt == torch.float64 else torch.float32
+    assert (y.shape, y.dtype, y.is_contiguous()) == (x.shape, xdt, True)
+    assert (mean.shape, mean.dtype, rstd.shape, rstd.dtype) == ((3, 5), acc, (3, 5), acc)
+    dx, dw, db = torch.ops.cupyln.layer_norm_bwd(x, x, w, mean, rstd)
+    assert (dx.shape, dx.dtype) == (x.shape, xdt)
+    assert dw.shape == ((40,) if w is not None else (0,)) and db.shape == (40,)
+    assert db.dtype == (xdt if w is None else wdt)
+
+
+def test_cpu_tensors_are_refused():
+    with pytest.raises(ValueError, match="input must be a CUDA tensor; got a tensor on cpu"):
+        clt.layer_norm(torch.ones(2, 8), (8,))
+    with pytest.raises(TypeError, match="input must have dtype .*; got torch.int64"):
+        clt.layer_norm(torch.ones(2, 8, dtype=torch.int64), (8,))

@@ -1,0 +1,270 @@
+"""GPU tier of the torch bridge: values and gradients against torch.nn.functional.layer_norm in
+float64, gradcheck, opcheck, torch.compile(fullgraph=True), CUDA graph replay, streams,
+autocast, devices, and a short training run against nn.LayerNorm.
+
+Tolerances: cupyln.reference.TOLERANCE by output dtype, at float32 arithmetic (float64 for
+float64 input); dw/db allow atol * sqrt(rows), as in the core tests.
+"""
+
+import itertools
+import math
+
+import pytest
+
+from cupyln import reference as ref
+
+from .conftest import GPU_COUNT, requires_gpu
+
+torch = pytest.importorskip("torch")
+clt = pytest.importorskip("cupyln.torch")
+
+TORCH_GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
+pytestmark = [
+    pytest.mark.gpu,
+    requires_gpu,
+    pytest.mark.skipif(TORCH_GPUS == 0, reason="torch has no CUDA here"),
+]
+F = torch.nn.functional
+DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
+# tiny, odd (scalar path), tier edges, shared-memory tier
+NS = [1, 3, 64, 769, 1024, 4096, 8193, 16384, 65536]
+
+
+def close(out, want, what, rows=1):
+    """|out - want| <= atol * rows + rtol * |want| elementwise, NaN where want has NaN only."""
+    arithmetic = "float64" if out.dtype == torch.float64 else "float32"
+    atol, rtol = (max(p) for p in zip(ref.TOLERANCE[str(out.dtype)[6:]], ref.TOLERANCE[arithmetic]))
+    assert torch.equal(torch.isnan(out), torch.isnan(want)), f"{what}: NaN where none expected"
+    err = (out.double() - want).abs().nan_to_num()
+    allow = atol * rows + rtol * want.abs()
+    bad = err > allow
+    assert not bool(bad.any()), (
+        f"{what} ({out.dtype}): {int(bad.sum())} of {out.numel()} off, worst "
+        f"{float(err.max()):.3g}"
+    )  # fmt: skip
+
+
+def reference(x, w, b, dy, shape, eps=1e-5):
+    """y and grads of F.layer_norm evaluated in float64 on copies of the inputs."""
+    xs = x.detach().double().requires_grad_()
+    ws = None if w is None else w.detach().double().requires_grad_()
+    bs = None if b is None else b.detach().double().requires_grad_()
+    y = F.layer_norm(xs, shape, ws, bs, eps)
+    y.backward(dy.double())
+    return y.detach(), xs.grad, None if ws is None else ws.grad, None if bs is None else bs.grad
+
+
+def make(shape, xdt, wdt, n_shape, seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x = (-2.3 + 0.5 * torch.randn(shape, generator=g, device="cuda")).to(xdt)
+    w = None if wdt is None else (1 + 0.3 * torch.randn(n_shape, generator=g, device="cuda"))
+    b = None if wdt is None else 0.3 * torch.randn(n_shape, generator=g, device="cuda")
+    w = None if w is None else w.to(wdt)
+    b = None if b is None else b.to(wdt)
+    dy = torch.randn(shape, generator=g, device="cuda").to(xdt)
+    return x, w, b, dy
+
+
+PAIRS = [(d, d) for d in DTYPES] + [(torch.bfloat16, torch.float32), (torch.float16, None)]
+
+
+@pytest.mark.parametrize("n", NS)
+@pytest.mark.parametrize("xdt,wdt", PAIRS)
+def test_values_and_grads_match_torch(xdt, wdt, n):
+    shape = (2, 19, n)
+    x, w, b, dy = make(shape, xdt, wdt, (n,), seed=n)
+    x.requires_grad_()
+    for t in (w, b):
+        if t is not None:
+            t.requires_grad_()
+    y = clt.layer_norm(x, (n,), w, b)
+    y.backward(dy)
+    yr, dxr, dwr, dbr = reference(x, w, b, dy, (n,))
+    close(y, yr, "y")
+    close(x.grad, dxr, "dx")
+    if w is not None:
+        close(w.grad, dwr, "dw", rows=math.sqrt(38))
+        close(b.grad, dbr, "db", rows=math.sqrt(38))
+
+
+def test_multi_dim_normalized_shape_and_module():
+    m = clt.LayerNorm((6, 50), device="cuda")
+    with torch.no_grad():
+        m.weight.uniform_(0.5, 1.5)
+        m.bias.uniform_(-1, 1)
+    x, _, _, dy = make((7, 6, 50), torch.float32, None, None, seed=1)
+    x.requires_grad_()
+    y = m(x)
+    y.backward(dy)
+    yr, dxr, dwr, dbr = reference(x, m.weight, m.bias, dy, (6, 50))
+    close(y, yr, "y")
+    close(x.grad, dxr, "dx")
+    close(m.weight.grad, dwr, "dw", rows=3)
+    close(m.bias.grad, dbr, "db", rows=3)
+
+
+def test_gradcheck_float64():
+    x, w, b, _ = make((3, 4, 17), torch.float64, torch.float64, (17,), seed=2)
+    args = tuple(t.requires_grad_() for t in (x, w, b))
+    assert torch.autograd.gradcheck(lambda x, w, b: clt.layer_norm(x, (17,), w, b), args)
+
+
+@pytest.mark.parametrize("mask", list(itertools.product([False, True], repeat=3)))
+def test_requires_grad_on_any_subset(mask):
+    x, w, b, dy = make((8, 96), torch.float32, torch.float32, (96,), seed=3)
+    for t, r in zip((x, w, b), mask):
+        t.requires_grad_(r)
+    y = clt.layer_norm(x, (96,), w, b)
+    assert y.requires_grad == any(mask)
+    if any(mask):
+        y.backward(dy)
+    for t, r in zip((x, w, b), mask):
+        assert (t.grad is not None) == r
+
+
+def test_runs_on_torchs_current_stream_after_a_producer():
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        a = torch.randn(4096, 4096, device="cuda")
+        for _ in range(10):
+            a = torch.tanh(a @ a.T / 64)  # keep the stream busy (values stay in [-1, 1])
+        x = a[:1024, :2048].contiguous()
+        y = clt.layer_norm(x, (2048,))
+        want = F.layer_norm(x, (2048,))
+    s.synchronize()
+    close(y, want.double(), "y")
+
+
+def test_opcheck():
+    x, w, b, dy = make((5, 64), torch.float32, torch.float32, (64,), seed=4)
+    for t in (x, w, b):
+        t.requires_grad_()
+    torch.library.opcheck(torch.ops.cupyln.layer_norm_fwd.default, (x, w, b, 1e-5))
+    y, mean, rstd = torch.ops.cupyln.layer_norm_fwd(x.detach(), w.detach(), b.detach(), 1e-5)
+    torch.library.opcheck(
+        torch.ops.cupyln.layer_norm_bwd.default, (dy, x.detach(), w.detach(), mean, rstd)
+    )
+
+
+def test_compile_fullgraph():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), clt.LayerNorm(256),
+                                torch.nn.GELU(), torch.nn.Linear(256, 64)).cuda()  # fmt: skip
+    x = torch.randn(32, 64, device="cuda", requires_grad=True)
+    compiled = torch.compile(model, fullgraph=True)
+    out_c = compiled(x)
+    out_c.sum().backward()
+    grad_c = x.grad.clone()
+    x.grad = None
+    out_e = model(x)
+    out_e.sum().backward()
+    torch.testing.assert_close(out_c, out_e, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(grad_c, x.grad, rtol=1e-4, atol=1e-4)
+
+
+def test_cuda_graph_replay_matches_eager():
+    n = 1024
+    sx, w, b, sdy = make((64, n), torch.bfloat16, torch.float32, (n,), seed=5)
+    w.requires_grad_()
+    sx.requires_grad_()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up: compiles the kernels before capture
+        for _ in range(2):
+            clt.layer_norm(sx, (n,), w, b).backward(sdy)
+    torch.cuda.current_stream().wait_stream(side)
+    sx.grad = w.grad = None
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        sy = clt.layer_norm(sx, (n,), w, b)
+        sy.backward(sdy)
+    x2, _, _, dy2 = make((64, n), torch.bfloat16, None, None, seed=6)
+    with torch.no_grad():
+        sx.copy_(x2)
+        sdy.copy_(dy2)
+    g.replay()
+    torch.cuda.synchronize()
+    ex = x2.clone().requires_grad_()
+    ew = w.detach().clone().requires_grad_()
+    ey = clt.layer_norm(ex, (n,), ew, b)
+    ey.backward(dy2)
+    assert torch.equal(sy, ey)
+    assert torch.equal(sx.grad, ex.grad) and torch.equal(w.grad, ew.grad)
+
+
+def test_autocast_behaves_as_f_layer_norm():
+    x, w, b, _ = make((16, 512), torch.bfloat16, torch.float32, (512,), seed=7)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        y = clt.layer_norm(x, (512,), w, b)
+        want = F.layer_norm(x, (512,), w, b)
+    assert y.dtype == want.dtype == torch.float32
+    close(y, want.double(), "y")
+
+
+def test_bad_input_is_refused():
+    x = torch.randn(4, 8, device="cuda")
+    with pytest.raises(ValueError, match=r"expected input with shape \[\*, 6\]"):
+        clt.layer_norm(x, (6,))
+    with pytest.raises(ValueError, match=r"weight must have shape \[8\]; got \[7\]"):
+        clt.layer_norm(x, (8,), torch.ones(7, device="cuda"))
+    with pytest.raises(ValueError, match="weight must be a CUDA tensor; got a tensor on cpu"):
+        clt.layer_norm(x, (8,), torch.ones(8))
+    with pytest.raises(ValueError, match="eps must be a finite number >= 0"):
+        clt.layer_norm(x, (8,), eps=-1.0)
+
+
+@pytest.mark.skipif(TORCH_GPUS < 2 or GPU_COUNT < 2, reason="needs two GPUs")
+def test_second_device():
+    x, w, b, dy = make((9, 300), torch.float32, torch.float32, (300,), seed=8)
+    x, w, b, dy = (t.to("cuda:1") for t in (x, w, b, dy))
+    x.requires_grad_()
+    y = clt.layer_norm(x, (300,), w, b)
+    y.backward(dy)
+    assert y.device == x.grad.device == torch.device("cuda:1")
+    yr, dxr, _, _ = reference(x, w, b, dy, (300,))
+    close(y, yr, "y")
+    close(x.grad, dxr, "dx")
+
+
+def _block(norm):
+    """A small pre-LN transformer block (attention + MLP) with the given LayerNorm class."""
+
+    class Block(torch.nn.Module):
+        def __init__(self, d=128, heads=4):
+            super().__init__()
+            self.ln1, self.ln2 = norm(d), norm(d)
+            self.attn = torch.nn.MultiheadAttention(d, heads, batch_first=True)
+            self.mlp = torch.nn.Sequential(torch.nn.Linear(d, 4 * d), torch.nn.GELU(),
+                                           torch.nn.Linear(4 * d, d))  # fmt: skip
+            self.head = torch.nn.Linear(d, 1)
+
+        def forward(self, x):
+            h = self.ln1(x)
+            x = x + self.attn(h, h, h, need_weights=False)[0]
+            x = x + self.mlp(self.ln2(x))
+            return self.head(x).squeeze(-1)
+
+    return Block
+
+
+def test_training_matches_nn_layer_norm():
+    losses = {}
+    for name, norm in (("torch", torch.nn.LayerNorm), ("cupyln", clt.LayerNorm)):
+        torch.manual_seed(0)
+        model = _block(norm)().cuda()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        g = torch.Generator(device="cuda").manual_seed(1)
+        out = []
+        for _ in range(100):
+            x = torch.randn(8, 64, 128, device="cuda", generator=g)
+            target = x[..., :8].sum(-1)
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = F.mse_loss(model(x).float(), target)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            out.append(loss.item())
+        losses[name] = out
+    a, b = torch.tensor(losses["cupyln"]), torch.tensor(losses["torch"])
+    assert a[-10:].mean() < 0.7 * a[:10].mean()  # it trains
+    assert bool(((a - b).abs() <= 0.02 * b.abs() + 1e-3).all()), (a - b).abs().max()
