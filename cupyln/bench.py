@@ -172,4 +172,32 @@ def host_overhead_us(calls: int = 5000) -> dict:
 
 
 def as_dicts(rows):
-    return [asdict(r) for r in rows]
+    return [r if isinstance(r, dict) else asdict(r) for r in rows]
+
+
+def plot(rows, path, copy_gbs=None, title=""):
+    """Write a PNG of GB/s against N (log scale), forward and backward side by side, one line
+    per provider, the copy bandwidth as a dashed ceiling. ``rows``: Rows or their dicts."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = as_dicts(rows)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    for ax, (key, name) in zip(axes, (("fwd", "forward"), ("bwd", "backward"))):
+        for provider in dict.fromkeys(r["provider"] for r in rows):
+            rs = sorted((r for r in rows if r["provider"] == provider), key=lambda r: r["N"])
+            ax.plot([r["N"] for r in rs], [r[f"{key}_GBs"] for r in rs], marker="o",
+                    label=provider)  # fmt: skip
+        if copy_gbs:
+            ax.axhline(copy_gbs, ls="--", color="gray", label=f"copy {copy_gbs:.0f} GB/s")
+        ax.set_xscale("log", base=2)
+        ax.set_ylim(bottom=0)
+        ax.set_xlabel("N (row width)")
+        ax.set_title(f"{name} {title}".strip())
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("GB/s")
+    axes[0].legend()
+    fig.savefig(path, dpi=100, bbox_inches="tight")
+    plt.close(fig)

@@ -157,6 +157,21 @@ def cmd_bench(args) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"copy_GBs": copy, "rows": bench.as_dicts(rows)}, f, indent=1)
+    if args.plot:
+        bench.plot(rows, args.plot, copy, f"({args.dtype}, M*N = 2^{args.log2_elements})")
+    return 0
+
+
+def cmd_plot(args) -> int:
+    """Render a saved ``bench --json`` file as a PNG (no GPU needed)."""
+    from cupyln import bench
+
+    with open(args.json) as f:
+        data = json.load(f)
+    rows = data["rows"]
+    dtypes = sorted({r["dtype"] for r in rows})
+    bench.plot(rows, args.png, data.get("copy_GBs"), f"({', '.join(dtypes)})")
+    print(f"wrote {args.png}")
     return 0
 
 
@@ -176,7 +191,12 @@ def main(argv=None) -> int:
     b.add_argument("-v", "--verbose", action="store_true", help="show each width's kernels")
     b.add_argument("--csv", default="", help="write the rows to this CSV file")
     b.add_argument("--json", default="", help="write copy bandwidth and rows to this JSON file")
+    b.add_argument("--plot", default="", help="write a PNG of GB/s against N (matplotlib)")
     b.set_defaults(fn=cmd_bench)
+    pl = sub.add_parser("plot", help="render a saved bench --json file as a PNG")
+    pl.add_argument("json", help="a file written by bench --json")
+    pl.add_argument("png", help="the PNG to write")
+    pl.set_defaults(fn=cmd_plot)
     args = p.parse_args(argv)
     return args.fn(args)
 

@@ -1,6 +1,7 @@
 """``python -m cupyln``: info always works; check passes on a GPU and, without one, says so
 and exits non-zero."""
 
+import json
 import os
 import subprocess
 import sys
@@ -49,3 +50,19 @@ def test_bench_runs(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     assert "device-to-device copy" in r.stdout
     assert out.read_text().count("\n") == 3  # header + two widths
+
+
+def test_plot_renders_saved_results(tmp_path):
+    pytest.importorskip("matplotlib")
+    rows = [
+        {"provider": p, "dtype": "bfloat16", "M": 2**27 // n, "N": n, "fwd_GBs": g,
+         "bwd_GBs": g * 0.8}
+        for p, g in (("cupyln", 3600.0), ("torch", 2000.0))
+        for n in (512, 4096, 65536)
+    ]  # fmt: skip
+    src = tmp_path / "b.json"
+    src.write_text(json.dumps({"copy_GBs": 4200.0, "rows": rows}))
+    png = tmp_path / "b.png"
+    r = run("plot", str(src), str(png))
+    assert r.returncode == 0, r.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
