@@ -142,3 +142,53 @@ def backward(dy, x, w=None, eps=1e-5, mean=None, rstd=None):
     dw = (dy * xhat).sum(axis=rows) if w is not None else None
     db = dy.sum(axis=rows)
     return dx, dw, db
+
+
+def _segments(offsets, total, xp):
+    """(sequence index of every row, rows per sequence) for jagged offsets [B + 1]."""
+    o = xp.asarray(offsets).astype(xp.int64)
+    seg = xp.searchsorted(o[1:], xp.arange(total), side="right")
+    return seg, o[1:] - o[:-1]
+
+
+def jagged_forward(values, offsets, w=None, b=None, eps=1e-6):
+    """LayerNorm of a jagged batch in float64 (the Helion example's semantics).
+
+    ``values`` [total_L, M], ``offsets`` [B + 1]: sequence i is rows offsets[i]:offsets[i+1],
+    normalized over all of its L_i * M elements; ``w``, ``b`` optional [M] (per feature).
+    Returns (y [total_L, M], mean [B], rstd [B]); an empty sequence normalizes nothing and
+    reports mean 0 and rstd 1 / sqrt(eps) (the statistics of no elements, taken as zero)."""
+    xp = _xp(values)
+    x = to_float64(values)
+    seg, lengths = _segments(offsets, x.shape[0], xp)
+    count = xp.maximum(lengths * x.shape[1], 1).astype(xp.float64)
+    mean = xp.bincount(seg, weights=x.sum(axis=1), minlength=lengths.size) / count
+    xc = x - mean[seg][:, None]
+    var = xp.bincount(seg, weights=(xc * xc).sum(axis=1), minlength=lengths.size) / count
+    rstd = 1.0 / xp.sqrt(var + eps)
+    y = xc * rstd[seg][:, None]
+    if w is not None:
+        y = y * to_float64(w)
+    if b is not None:
+        y = y + to_float64(b)
+    return y, mean, rstd
+
+
+def jagged_backward(dy, values, offsets, w=None, eps=1e-6):
+    """(dx, dw, db) of ``jagged_forward`` in float64; dw is None when w is None. Each sequence
+    is one LayerNorm over its L_i * M elements, so dx uses per-sequence means of g = dy * w and
+    of g * xhat; dw and db sum over all rows."""
+    xp = _xp(values)
+    x = to_float64(values)
+    dy = to_float64(dy)
+    seg, lengths = _segments(offsets, x.shape[0], xp)
+    count = xp.maximum(lengths * x.shape[1], 1).astype(xp.float64)
+    _, mean, rstd = jagged_forward(values, offsets, eps=eps)
+    xhat = (x - mean[seg][:, None]) * rstd[seg][:, None]
+    g = dy * to_float64(w) if w is not None else dy
+    n = lengths.size
+    c1 = xp.bincount(seg, weights=(g * xhat).sum(axis=1), minlength=n) / count
+    c2 = xp.bincount(seg, weights=g.sum(axis=1), minlength=n) / count
+    dx = (g - c2[seg][:, None] - xhat * c1[seg][:, None]) * rstd[seg][:, None]
+    dw = (dy * xhat).sum(axis=0) if w is not None else None
+    return dx, dw, dy.sum(axis=0)

@@ -100,3 +100,60 @@ def test_backward_at_given_statistics():
         np.testing.assert_array_equal(a, b)
     dx_shifted = ref.backward(dy, x, w, 1e-5, mean + 1e-3, rstd)[0]
     assert np.abs(dx_shifted - ref.backward(dy, x, w)[0]).max() > 1e-6
+
+
+# Jagged batches: empty sequences (equal offsets) at the start, middle and end, a single row,
+# M = 1, and a long sequence beside short ones.
+JAGGED = [
+    ([0, 0, 3, 3, 4, 9, 9], 5),
+    ([0, 1], 1),
+    ([0, 7], 3),
+    ([0, 2, 2, 40, 41], 4),
+]
+
+
+@pytest.mark.parametrize("offsets,m", JAGGED)
+@pytest.mark.parametrize("affine", [True, False])
+def test_jagged_reference_matches_torch_per_sequence(offsets, m, affine):
+    # The Helion seed's reference: torch layer_norm of each [L_i, M] block over its whole shape.
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(4)
+    total = offsets[-1]
+    x = -2.3 + 0.5 * rng.standard_normal((total, m))
+    dy = rng.standard_normal((total, m))
+    w = 1 + 0.3 * rng.standard_normal(m) if affine else None
+    b = 0.3 * rng.standard_normal(m) if affine else None
+    eps = 1e-6
+
+    tx = torch.tensor(x, requires_grad=True)
+    tw = torch.tensor(w, requires_grad=True) if affine else None
+    tb = torch.tensor(b, requires_grad=True) if affine else None
+    outs = []
+    for i in range(len(offsets) - 1):
+        v = tx[offsets[i] : offsets[i + 1]]
+        if v.shape[0] == 0:
+            outs.append(v)
+            continue
+        wi = tw.expand(v.shape) if affine else None
+        bi = tb.expand(v.shape) if affine else None
+        outs.append(torch.nn.functional.layer_norm(v, tuple(v.shape), wi, bi, eps))
+    ty = torch.cat(outs)
+    ty.backward(torch.tensor(dy))
+
+    y, mean, rstd = ref.jagged_forward(x, np.array(offsets), w, b, eps)
+    dx, dw, db = ref.jagged_backward(dy, x, np.array(offsets), w, eps)
+    np.testing.assert_allclose(y, ty.detach().numpy(), rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(dx, tx.grad.numpy(), rtol=1e-9, atol=1e-9)
+    if affine:
+        np.testing.assert_allclose(dw, tw.grad.numpy(), rtol=1e-9, atol=1e-9)
+        np.testing.assert_allclose(db, tb.grad.numpy(), rtol=1e-9, atol=1e-9)
+    else:
+        assert dw is None
+    lengths = np.diff(offsets)
+    for i, n_rows in enumerate(lengths):
+        if n_rows:
+            block = x[offsets[i] : offsets[i + 1]]
+            np.testing.assert_allclose(mean[i], block.mean(), rtol=1e-12)
+            np.testing.assert_allclose(rstd[i], 1 / np.sqrt(block.var() + eps), rtol=1e-12)
+        else:
+            assert mean[i] == 0 and rstd[i] == 1 / np.sqrt(eps)
