@@ -2,6 +2,8 @@
 
 Every check runs before anything is allocated or launched, so a call that raises has written
 nothing. Kernels run on the device that holds ``x`` and on that device's current CuPy stream.
+``launch_forward`` / ``launch_backward`` take raw pointers: the framework bridges
+(cupyln/torch.py) validate and allocate with their own tensors and launch through them.
 """
 
 from __future__ import annotations
