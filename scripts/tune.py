@@ -30,37 +30,30 @@ def pow2(n):
     return 1 << max(0, n - 1).bit_length()
 
 
-def fwd_candidates(n, vec, tx):
+def candidates(n, vec, budget, subwarp_blocks):
+    """Launch shapes to time for a row of N: sub-warp rows and blocks per row whose per-thread
+    vectors stay within ``budget`` values (half of it at 1024 threads), and the row tier."""
     nvec = -(-n // vec)
     out = []
     for tpr in (4, 8, 16, 32):
         items = pow2(-(-nvec // tpr))
-        if items * vec <= 32:
-            for block in (128, 256):
-                out.append(("reg", items, tpr, block))
+        if items * vec <= budget:
+            out += [("reg", items, tpr, block) for block in subwarp_blocks]
     for block in (64, 128, 192, 256, 320, 384, 448, 512, 1024):
         items = pow2(-(-nvec // block))
-        if items * vec <= (16 if block == 1024 else 32):
+        if items * vec <= (budget // 2 if block == 1024 else budget):
             out.append(("reg", items, block, block))
     if n >= 8192:
         out += [("row", 0, block, block) for block in (256, 512)]
     return out
+
+
+def fwd_candidates(n, vec):
+    return candidates(n, vec, 32, (128, 256))
 
 
 def bwd_candidates(n, vec):
-    nvec = -(-n // vec)
-    out = []
-    for tpr in (4, 8, 16, 32):
-        items = pow2(-(-nvec // tpr))
-        if items * vec <= 16:
-            out.append(("reg", items, tpr, 128))
-    for block in (64, 128, 192, 256, 320, 384, 448, 512, 1024):
-        items = pow2(-(-nvec // block))
-        if items * vec <= (8 if block == 1024 else 16):
-            out.append(("reg", items, block, block))
-    if n >= 8192:
-        out += [("row", 0, block, block) for block in (256, 512)]
-    return out
+    return candidates(n, vec, 16, (128,))
 
 
 def main():
@@ -88,7 +81,7 @@ def main():
         y = cupy.empty_like(x)
         mean = cupy.empty(m, acc)
         rstd = cupy.empty(m, acc)
-        for tier, items, tpr, block in fwd_candidates(n, vec, tx):
+        for tier, items, tpr, block in fwd_candidates(n, vec):
             if tier == "reg":
                 expr = _compile.template("ln_fwd_reg", tx, tx, tx, vec, items, tpr, block)
                 smem = 0

@@ -11,21 +11,27 @@ from cupyln import reference as ref
 SHAPES = [(5, 1), (7, 3), (4, 769), (2, 3, 64), (1, 1000)]
 
 
-@pytest.mark.parametrize("shape", SHAPES)
-@pytest.mark.parametrize("affine", [True, False])
-def test_reference_matches_torch_float64(shape, affine):
-    torch = pytest.importorskip("torch")
-    rng = np.random.default_rng(0)
+def _inputs_and_leaves(torch, seed, shape, affine, b_scale):
+    """Seed-style float64 inputs (x, dy, w, b) and torch leaves (tx, tw, tb) with gradients."""
+    rng = np.random.default_rng(seed)
     n = shape[-1]
     x = -2.3 + 0.5 * rng.standard_normal(shape)
     dy = rng.standard_normal(shape)
     w = 1.0 + 0.3 * rng.standard_normal(n) if affine else None
-    b = 0.5 * rng.standard_normal(n) if affine else None
-    eps = 1e-5
-
+    b = b_scale * rng.standard_normal(n) if affine else None
     tx = torch.tensor(x, requires_grad=True)
     tw = torch.tensor(w, requires_grad=True) if affine else None
     tb = torch.tensor(b, requires_grad=True) if affine else None
+    return x, dy, w, b, tx, tw, tb
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("affine", [True, False])
+def test_reference_matches_torch_float64(shape, affine):
+    torch = pytest.importorskip("torch")
+    n = shape[-1]
+    x, dy, w, b, tx, tw, tb = _inputs_and_leaves(torch, 0, shape, affine, b_scale=0.5)
+    eps = 1e-5
     ty = torch.nn.functional.layer_norm(tx, (n,), tw, tb, eps)
     ty.backward(torch.tensor(dy))
     tmean = tx.detach().mean(-1)
@@ -117,17 +123,8 @@ JAGGED = [
 def test_jagged_reference_matches_torch_per_sequence(offsets, m, affine):
     # The Helion seed's reference: torch layer_norm of each [L_i, M] block over its whole shape.
     torch = pytest.importorskip("torch")
-    rng = np.random.default_rng(4)
-    total = offsets[-1]
-    x = -2.3 + 0.5 * rng.standard_normal((total, m))
-    dy = rng.standard_normal((total, m))
-    w = 1 + 0.3 * rng.standard_normal(m) if affine else None
-    b = 0.3 * rng.standard_normal(m) if affine else None
+    x, dy, w, b, tx, tw, tb = _inputs_and_leaves(torch, 4, (offsets[-1], m), affine, b_scale=0.3)
     eps = 1e-6
-
-    tx = torch.tensor(x, requires_grad=True)
-    tw = torch.tensor(w, requires_grad=True) if affine else None
-    tb = torch.tensor(b, requires_grad=True) if affine else None
     outs = []
     for i in range(len(offsets) - 1):
         v = tx[offsets[i] : offsets[i + 1]]
