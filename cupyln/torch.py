@@ -52,33 +52,14 @@ def _check(t, name: str, device=None) -> None:
 
 
 # ------------------------------------------------------------------ streams
-_streams: dict = {}
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # (index) -> CUstream
 
 
-class _OnTorchStream:
-    """Makes the tensor's device current and torch's current stream on it CuPy's current stream,
-    for the launches inside the block."""
-
-    __slots__ = ("_dev", "_stream")
-
-    def __init__(self, device: torch.device):
-        import cupy
-
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        ptr = torch.cuda.current_stream(index).cuda_stream
-        stream = _streams.get((index, ptr))
-        if stream is None:
-            stream = _streams[(index, ptr)] = cupy.cuda.ExternalStream(ptr, index)
-        self._dev = _api._OnDevice(index)
-        self._stream = stream
-
-    def __enter__(self):
-        self._dev.__enter__()
-        self._stream.__enter__()
-
-    def __exit__(self, *exc):
-        self._stream.__exit__(*exc)
-        self._dev.__exit__(*exc)
+def _stream(index: int) -> int:
+    """torch's current stream on device ``index``, as a raw CUstream."""
+    if _raw_stream is not None:
+        return _raw_stream(index)
+    return torch.cuda.current_stream(index).cuda_stream
 
 
 def _rows(t: torch.Tensor):
@@ -103,8 +84,7 @@ def _ptr(t) -> int:
 
 
 # ------------------------------------------------------------------ custom ops
-@torch.library.custom_op("cupyln::layer_norm_fwd", mutates_args=())
-def _fwd(
+def _fwd_impl(
     x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor], eps: float
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(y, mean, rstd) of LayerNorm over the last dimension of x (see cupyln.forward)."""
@@ -124,14 +104,18 @@ def _fwd(
     x, stride = _rows(x)
     weight, bias = _vector(weight), _vector(bias)
     xdt = _NP[x.dtype]
-    with _OnTorchStream(x.device):
+    index = x.device.index
+    with _api._OnDevice(index):
         _api.launch_forward(
-            x.device.index, m, n, x.data_ptr(), stride, xdt, y.data_ptr(),
+            index, m, n, x.data_ptr(), stride, xdt, y.data_ptr(),
             _ptr(weight), xdt if weight is None else _NP[weight.dtype],
             _ptr(bias), xdt if bias is None else _NP[bias.dtype],
-            mean.data_ptr(), rstd.data_ptr(), eps,
+            mean.data_ptr(), rstd.data_ptr(), eps, _stream(index),
         )  # fmt: skip
     return y, mean, rstd
+
+
+_fwd = torch.library.custom_op("cupyln::layer_norm_fwd", _fwd_impl, mutates_args=())
 
 
 @_fwd.register_fake
@@ -144,8 +128,7 @@ def _fwd_fake(x, weight, bias, eps):
     )
 
 
-@torch.library.custom_op("cupyln::layer_norm_bwd", mutates_args=())
-def _bwd(
+def _bwd_impl(
     dy: torch.Tensor,
     x: torch.Tensor,
     weight: Optional[torch.Tensor],
@@ -177,19 +160,22 @@ def _bwd(
     mean = mean.to(acc).contiguous()
     rstd = rstd.to(acc).contiguous()
     weight = _vector(weight)
-    device = x.device
-
-    def workspace(count):
-        part = torch.empty(count, dtype=acc, device=device)
-        return part.data_ptr(), part
-
-    with _OnTorchStream(device):
+    index = x.device.index
+    xdt, wnp = _NP[x.dtype], _NP[wdt]
+    x_ptr, dy_ptr, dx_ptr = x.data_ptr(), dy.data_ptr(), dx.data_ptr()
+    with _api._OnDevice(index):
+        vec = _api.backward_vector_width(xdt, n, xs, gs, (x_ptr, dy_ptr, dx_ptr))
+        count = _api.backward_workspace(index, m, n, xdt, wnp, wnp, vec)
+        part = torch.empty(count, dtype=acc, device=x.device)  # on torch's current stream
         _api.launch_backward(
-            device.index, m, n, dy.data_ptr(), gs, x.data_ptr(), xs, _NP[x.dtype],
-            _ptr(weight), _NP[wdt], mean.data_ptr(), rstd.data_ptr(), dx.data_ptr(),
-            _ptr(dw) if weight is not None else 0, db.data_ptr(), _NP[wdt], workspace,
+            index, m, n, dy_ptr, gs, x_ptr, xs, xdt, _ptr(weight), wnp, mean.data_ptr(),
+            rstd.data_ptr(), dx_ptr, _ptr(dw) if weight is not None else 0, db.data_ptr(), wnp,
+            part.data_ptr(), _stream(index),
         )  # fmt: skip
     return dx, dw, db
+
+
+_bwd = torch.library.custom_op("cupyln::layer_norm_bwd", _bwd_impl, mutates_args=())
 
 
 @_bwd.register_fake
@@ -211,9 +197,8 @@ def _setup_context(ctx, inputs, output):
     ctx.mark_non_differentiable(mean, rstd)
 
 
-def _backward(ctx, dy, _dmean, _drstd):
-    x, weight, mean, rstd = ctx.saved_tensors
-    dx, dw, db = torch.ops.cupyln.layer_norm_bwd(dy, x, weight, mean, rstd)
+def _grads(ctx, dx, dw, db):
+    """The gradients autograd asked for, db in the bias's dtype."""
     gx = dx if ctx.needs_input_grad[0] else None
     gw = dw if ctx.needs_input_grad[1] else None
     gb = None
@@ -222,7 +207,34 @@ def _backward(ctx, dy, _dmean, _drstd):
     return gx, gw, gb, None
 
 
+def _backward(ctx, dy, _dmean, _drstd):
+    x, weight, mean, rstd = ctx.saved_tensors
+    return _grads(ctx, *torch.ops.cupyln.layer_norm_bwd(dy, x, weight, mean, rstd))
+
+
 _fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+class _Eager(torch.autograd.Function):
+    """The same forward and backward as the custom ops, for eager calls: an autograd.Function
+    skips the dispatcher's round trips through the op registry (a few microseconds of CPU time
+    per call, measured in BENCHMARKS.md). torch.compile and functorch transforms see the ops."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, eps):
+        y, mean, rstd = _fwd_impl(x, weight, bias, eps)
+        ctx.save_for_backward(x, weight, mean, rstd)
+        ctx.bias_dtype = None if bias is None else bias.dtype
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight, mean, rstd = ctx.saved_tensors
+        return _grads(ctx, *_bwd_impl(dy, x, weight, mean, rstd))
+
+
+def _eager() -> bool:
+    return not (torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active())
 
 
 # ------------------------------------------------------------------ public API
@@ -252,7 +264,14 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps: float = 1e-
     x = input.reshape(*input.shape[: input.dim() - k], n)
     w = None if weight is None else weight.reshape(n)
     b = None if bias is None else bias.reshape(n)
-    y = torch.ops.cupyln.layer_norm_fwd(x, w, b, float(eps))[0]
+    if _eager():
+        grad = torch.is_grad_enabled() and (
+            x.requires_grad or (w is not None and w.requires_grad)
+            or (b is not None and b.requires_grad)
+        )  # fmt: skip
+        y = _Eager.apply(x, w, b, float(eps)) if grad else _fwd_impl(x, w, b, float(eps))[0]
+    else:
+        y = torch.ops.cupyln.layer_norm_fwd(x, w, b, float(eps))[0]
     return y.reshape(input.shape)
 
 

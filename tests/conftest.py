@@ -1,6 +1,12 @@
 """Shared test setup: the GPU tier is skipped, with the reason, where no GPU is usable."""
 
+import os
+
 import pytest
+
+# JAX takes 75% of GPU memory at start unless told otherwise; CuPy (the kernels' scratch
+# memory, the reference) and torch share the GPU in these tests.
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 from cupyln.cli import _gpu_count
 

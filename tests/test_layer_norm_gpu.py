@@ -267,6 +267,89 @@ def test_tutorial_seed_check():
         cupy.testing.assert_allclose(ref.to_float64(out), r, atol=1e-2, rtol=0)
 
 
+# ------------------------------------------------------------------ the cached hot path
+def _poison_pool(nbytes):
+    """Leave a NaN-filled block of ``nbytes`` in CuPy's pool, so the next allocation of that
+    size (the hot path's one block of outputs) starts out as NaN rather than stale results."""
+    block = cupy.empty(nbytes, cupy.uint8)
+    block.fill(0xFF)  # NaN in every float format
+    del block
+
+
+def _bits(a):
+    return None if a is None else a.view(_UINT[a.itemsize])
+
+
+def _same_bits(got, want, what):
+    assert (got is None) == (want is None), what
+    if got is not None:
+        assert got.shape == want.shape and got.dtype == want.dtype, what
+        assert bool((_bits(got) == _bits(want)).all()), f"{what}: bits differ"
+
+
+@pytest.mark.parametrize("n", [64, 769, 4096, 16384, 65536])
+@pytest.mark.parametrize("xdt,wdt", [("bfloat16", "float32"), ("float32", None)])
+def test_repeated_calls_match_checked_calls(n, xdt, wdt):
+    """Calls after the first take the cached path (no out=): bit for bit the result of the
+    checked path into poisoned outputs, for fresh data each time."""
+    m = 333
+    for _ in range(3):
+        x, w, b, dy = inputs((3, m // 3, n), xdt, wdt, wdt)
+        want = run_and_check(x, w, b, dy)
+        _poison_pool(want[0].nbytes * 4)
+        got = cupyln.forward(x, w, b)
+        _poison_pool(want[0].nbytes * 4)
+        got += cupyln.backward(dy, x, w, got[1], got[2])
+        for g, wv, what in zip(got, want, ("y", "mean", "rstd", "dx", "dw", "db")):
+            _same_bits(g, wv, what)
+    assert any(k[0][1] == x.shape for k in cupyln._api._forward_calls)
+    assert any(k[1][1] == x.shape for k in cupyln._api._backward_calls)
+
+
+def test_outputs_share_one_allocation():
+    x, w, b, dy = inputs((10, 256), "float16", "float16", "float16")
+    y, mean, rstd = cupyln.forward(x, w, b)
+    dx, dw, db = cupyln.backward(dy, x, w, mean, rstd)
+    assert y.data.mem is mean.data.mem is rstd.data.mem
+    assert dx.data.mem is dw.data.mem is db.data.mem
+    for a in (y, mean, rstd, dx, dw, db):
+        assert a.flags.c_contiguous and a.data.ptr % 256 == 0
+
+
+@pytest.mark.parametrize("n", [512, 769])
+def test_strided_and_misaligned_weights_are_copied(n):
+    """w/b views that are strided or start off a 64-byte boundary: right on every call, the
+    cached ones included (the kernels read w/b as contiguous aligned packs)."""
+    x, _, _, dy = inputs((50, n), "bfloat16", None, None)
+    base = fresh((4 * n + 8,), "float32", loc=1.0, scale=0.3)
+    for w, b in ((base[::2][:n], base[1::4][:n]), (base[1 : n + 1], base[3 : n + 3])):
+        for _ in range(2):
+            y, mean, rstd = cupyln.forward(x, w, b)
+            ref.assert_close(y, ref.forward(x, w, b)[0], "y")
+            dx, dw, db = cupyln.backward(dy, x, w, mean, rstd)
+            ref.assert_close(dw, ref.backward(dy, x, w)[1], "dw", atol_scale=8)
+
+
+def test_threads_share_the_cache():
+    from concurrent.futures import ThreadPoolExecutor
+
+    cases = [inputs((64 + i, 1024), "bfloat16", "bfloat16", "bfloat16") for i in range(8)]
+    want = [run_and_check(*c) for c in cases]
+
+    def work(i):
+        x, w, b, dy = cases[i % len(cases)]
+        with cupy.cuda.Stream(non_blocking=True) as s:
+            y, mean, rstd = cupyln.forward(x, w, b)
+            dx, dw, db = cupyln.backward(dy, x, w, mean, rstd)
+            s.synchronize()
+        return i % len(cases), (y, mean, rstd, dx, dw, db)
+
+    with ThreadPoolExecutor(8) as pool:
+        for i, got in pool.map(work, range(64)):
+            for g, wv, what in zip(got, want[i], ("y", "mean", "rstd", "dx", "dw", "db")):
+                _same_bits(g, wv, what)
+
+
 # ------------------------------------------------------------------ streams and devices
 def test_runs_on_the_current_stream_after_a_producer():
     s = cupy.cuda.Stream(non_blocking=True)

@@ -1,0 +1,238 @@
+"""JAX bridge: cupyln's kernels on JAX GPU arrays, differentiable, eagerly and under jax.jit.
+
+    import cupyln.jax
+    y = cupyln.jax.layer_norm(x, weight, bias, eps)   # over the last dimension
+    jax.jit(jax.grad(loss))(...)                       # dx, dw, db from cupyln's backward
+
+Forward and backward are ``jax.experimental.buffer_callback`` calls (JAX >= 0.6.2) inside a
+``jax.custom_vjp``: XLA hands the callback its device buffers and its compute stream, and the
+kernels launch there by raw pointer, in order with the work that produced x and the work that
+uses y, eagerly and inside jitted programs alike (an eager call is a one-op program, so both
+paths are the same code and neither copies nor synchronizes). Under ``jax.vmap`` the call runs
+once per batch element (``vmap_method="sequential"``); vmapping over rows of x alone is just a
+bigger x.
+
+Scratch memory (the backward's dw/db partial sums, and a copy of a weight or bias whose buffer
+is not 64-byte aligned) comes from CuPy's memory pool on XLA's stream, so leave CuPy room:
+set ``XLA_PYTHON_CLIENT_PREALLOCATE=false`` (or a ``XLA_PYTHON_CLIENT_MEM_FRACTION`` below 1)
+before JAX starts, as the tests do.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache, partial
+
+try:
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental.buffer_callback import buffer_callback
+except ImportError as err:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "cupyln.jax needs JAX >= 0.6.2 with GPU support: pip install 'cupyln[jax]' "
+        "'jax[cuda12]' (or 'jax[cuda13]')"
+    ) from err
+
+import numpy
+
+from . import _api
+from ._dtypes import SUPPORTED_NAMES, TABLE, acc_dtype
+
+__all__ = ["layer_norm"]
+
+
+# ------------------------------------------------------------------ inside the callbacks
+def _ptr(buf) -> int:
+    iface = getattr(buf, "__cuda_array_interface__", None)
+    if iface is None:
+        raise ValueError(
+            "cupyln.jax runs on GPU arrays; this computation was placed on a "
+            f"{type(buf).__module__} buffer without __cuda_array_interface__ (a CPU device?)"
+        )
+    return iface["data"][0]
+
+
+_streams: dict = {}
+
+
+def _cupy_stream(device: int, stream: int):
+    """CuPy's view of XLA's stream (cached), so pool allocations are ordered on it."""
+    import cupy
+
+    s = _streams.get((device, stream))
+    if s is None:
+        s = _streams[(device, stream)] = cupy.cuda.Stream.from_external(stream, device)
+    return s
+
+
+def _device_of(ptr: int) -> int:
+    import cupy
+
+    return cupy.cuda.runtime.pointerGetAttributes(ptr).device
+
+
+def _aligned(ptr: int, nbytes: int, keep: list) -> int:
+    """``ptr``, or a 64-byte-aligned copy of its ``nbytes`` made on the current stream."""
+    if ptr % 64 == 0:
+        return ptr
+    import cupy
+
+    mem = cupy.cuda.alloc(nbytes)
+    cupy.cuda.runtime.memcpyAsync(mem.ptr, ptr, nbytes, 3, cupy.cuda.get_current_stream().ptr)
+    keep.append(mem)
+    return mem.ptr
+
+
+def _dtype(a) -> numpy.dtype:
+    return numpy.dtype(a.dtype)
+
+
+@lru_cache(maxsize=1024)
+def _forward_call(m, n, x_dtype, w_dtype, b_dtype, eps):
+    """buffer_callback computing (y, mean, rstd) of M rows of N (w/b dtype None: absent)."""
+    acc = acc_dtype(x_dtype)
+    shapes = (
+        jax.ShapeDtypeStruct((m, n), x_dtype),
+        jax.ShapeDtypeStruct((m,), acc),
+        jax.ShapeDtypeStruct((m,), acc),
+    )
+
+    def callback(ctx, out, x, *wb):
+        y, mean, rstd = out
+        x_ptr = _ptr(x)
+        dev = _device_of(x_ptr)
+        wb = list(wb)
+        w = wb.pop(0) if w_dtype is not None else None
+        b = wb.pop(0) if b_dtype is not None else None
+        keep: list = []
+        with _api._OnDevice(dev), _cupy_stream(dev, ctx.stream):
+            w_ptr = 0 if w is None else _aligned(_ptr(w), n * w_dtype.itemsize, keep)
+            b_ptr = 0 if b is None else _aligned(_ptr(b), n * b_dtype.itemsize, keep)
+            _api.launch_forward(
+                dev, m, n, x_ptr, n, x_dtype, _ptr(y), w_ptr, w_dtype or x_dtype, b_ptr,
+                b_dtype or x_dtype, _ptr(mean), _ptr(rstd), eps, ctx.stream,
+            )  # fmt: skip
+
+    return buffer_callback(callback, shapes, vmap_method="sequential")
+
+
+@lru_cache(maxsize=1024)
+def _backward_call(m, n, x_dtype, w_dtype, db_dtype):
+    """buffer_callback computing (dx, dw, db) at the saved statistics (w_dtype None: no w)."""
+    shapes = (
+        jax.ShapeDtypeStruct((m, n), x_dtype),
+        jax.ShapeDtypeStruct((n,), w_dtype or x_dtype),
+        jax.ShapeDtypeStruct((n,), db_dtype),
+    )
+    wdt = w_dtype or x_dtype
+    acc = acc_dtype(x_dtype)
+
+    def callback(ctx, out, dy, x, mean, rstd, *w):
+        import cupy
+
+        dx, dw, db = out
+        x_ptr, dy_ptr, dx_ptr = _ptr(x), _ptr(dy), _ptr(dx)
+        dev = _device_of(x_ptr)
+        keep: list = []
+        with _api._OnDevice(dev), _cupy_stream(dev, ctx.stream):
+            w_ptr = _aligned(_ptr(w[0]), n * wdt.itemsize, keep) if w else 0
+            vec = _api.backward_vector_width(x_dtype, n, n, n, (x_ptr, dy_ptr, dx_ptr))
+            count = _api.backward_workspace(dev, m, n, x_dtype, wdt, db_dtype, vec)
+            part = cupy.cuda.alloc(count * acc.itemsize)
+            _api.launch_backward(
+                dev, m, n, dy_ptr, n, x_ptr, n, x_dtype, w_ptr, wdt, _ptr(mean), _ptr(rstd),
+                dx_ptr, _ptr(dw) if w else 0, _ptr(db), db_dtype, part.ptr, ctx.stream,
+            )  # fmt: skip
+            del part, keep  # back to the pool, ordered on XLA's stream
+
+    return buffer_callback(callback, shapes, vmap_method="sequential")
+
+
+# ------------------------------------------------------------------ differentiable function
+def _forward(x2, w, b, eps):
+    m, n = x2.shape
+    w_dtype = None if w is None else _dtype(w)
+    b_dtype = None if b is None else _dtype(b)
+    call = _forward_call(m, n, _dtype(x2), w_dtype, b_dtype, eps)
+    return call(x2, *(a for a in (w, b) if a is not None))
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _layer_norm(x2, w, b, eps):
+    return _forward(x2, w, b, eps)[0]
+
+
+def _layer_norm_fwd(x2, w, b, eps):
+    y, mean, rstd = _forward(x2, w, b, eps)
+    b_kind = None if b is None else jnp.zeros((0,), b.dtype)  # b's dtype, not its values
+    return y, (x2, w, mean, rstd, b_kind)
+
+
+def _layer_norm_bwd(eps, res, dy):
+    x2, w, mean, rstd, b_kind = res
+    m, n = x2.shape
+    x_dtype = _dtype(x2)
+    w_dtype = None if w is None else _dtype(w)
+    db_dtype = _dtype(b_kind) if b_kind is not None else (w_dtype or x_dtype)
+    call = _backward_call(m, n, x_dtype, w_dtype, db_dtype)
+    dx, dw, db = call(dy.astype(x_dtype), x2, mean, rstd, *(() if w is None else (w,)))
+    return dx, (None if w is None else dw), (None if b_kind is None else db)
+
+
+_layer_norm.defvjp(_layer_norm_fwd, _layer_norm_bwd)
+
+
+def _check(a, name: str, n: int | None = None):
+    if a is None:
+        return None
+    if not hasattr(a, "dtype") or not hasattr(a, "shape"):
+        raise TypeError(f"{name} must be a JAX array; got {type(a).__name__}")
+    if numpy.dtype(a.dtype) not in TABLE:
+        raise TypeError(f"{name} must have dtype {', '.join(SUPPORTED_NAMES)}; got {a.dtype}")
+    if n is not None and tuple(a.shape) != (n,):
+        raise ValueError(f"{name} must have shape ({n},) to match x.shape[-1]; got {a.shape}")
+    return jnp.asarray(a)
+
+
+def _check_device(a, name: str) -> None:
+    if a is None:
+        return
+    try:
+        platforms = {d.platform for d in a.devices()}
+    except Exception:  # noqa: BLE001 - a tracer under jit: XLA places it
+        return
+    if platforms != {"gpu"}:
+        raise ValueError(f"{name} must be on a GPU; got an array on {sorted(platforms)}")
+
+
+def layer_norm(x, weight=None, bias=None, eps: float = 1e-5):
+    """LayerNorm over the last dimension of ``x`` with cupyln's kernels (differentiable).
+
+    Args:
+        x: JAX array (..., N) on a GPU, float32, float16, bfloat16 (or float64 with x64 on).
+        weight, bias: optional arrays of shape (N,), each with its own dtype from that list.
+        eps: added to the biased variance; finite and >= 0.
+
+    Returns:
+        y of x's shape and dtype. Gradients (``jax.grad``, ``jax.vjp``) come from cupyln's
+        backward: dw/db in the weight's/bias's dtype, deterministic.
+    """
+    x = _check(x, "x")
+    if x.ndim == 0:
+        raise ValueError("x must have at least one dimension (..., N); got a 0-d array")
+    n = x.shape[-1]
+    if not 1 <= n <= _api._MAX_N:
+        raise ValueError(f"x.shape[-1] (N) must be in [1, {_api._MAX_N}]; got {n}")
+    weight = _check(weight, "weight", n)
+    bias = _check(bias, "bias", n)
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
+        raise TypeError(f"eps must be a real number; got {type(eps).__name__}")
+    if not (math.isfinite(eps) and eps >= 0):
+        raise ValueError(f"eps must be finite and >= 0; got {eps}")
+    for a, name in ((x, "x"), (weight, "weight"), (bias, "bias")):
+        _check_device(a, name)
+    m = math.prod(x.shape[:-1])
+    if m == 0:
+        return jnp.zeros_like(x)
+    y = _layer_norm(x.reshape(m, n), weight, bias, float(eps))
+    return y.reshape(x.shape)

@@ -1,0 +1,162 @@
+"""GPU tier of the JAX bridge: values and gradients against the float64 reference and a
+pure-JAX layer norm, eager and under jax.jit; jit(grad) of a small MLP; vmap; XLA's stream.
+
+Tolerances: cupyln.reference.TOLERANCE by output dtype at float32 arithmetic; dw/db allow
+atol * sqrt(rows), as in the core tests. XLA_PYTHON_CLIENT_PREALLOCATE=false (conftest).
+"""
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+
+from cupyln import reference as ref
+
+from .conftest import GPU_COUNT, requires_gpu
+
+jax = pytest.importorskip("jax")
+jnp = pytest.importorskip("jax.numpy")
+cj = pytest.importorskip("cupyln.jax")
+
+
+def _jax_gpus():
+    try:
+        return len(jax.devices("gpu"))
+    except RuntimeError:
+        return 0
+
+
+pytestmark = [
+    pytest.mark.gpu,
+    requires_gpu,
+    pytest.mark.skipif(GPU_COUNT and _jax_gpus() == 0, reason="JAX has no GPU backend here"),
+]
+
+NS = [1, 3, 64, 769, 1024, 4096, 8193, 16384, 65536]
+DTYPES = [jnp.float32, jnp.bfloat16]
+_seed = itertools.count(5000)
+
+
+def fresh(shape, dtype, loc=-2.3, scale=0.5):
+    key = jax.random.PRNGKey(next(_seed))
+    return (loc + scale * jax.random.normal(key, shape, jnp.float32)).astype(dtype)
+
+
+def f64(a):
+    return np.asarray(jnp.asarray(a, jnp.float32), np.float64)
+
+
+def check(out, want, what, rows=1):
+    name = jnp.dtype(out.dtype).name
+    atol, rtol = (max(p) for p in zip(ref.TOLERANCE[name], ref.TOLERANCE["float32"]))
+    np.testing.assert_allclose(f64(out), want, atol=atol * rows, rtol=rtol, err_msg=what)
+
+
+def pure_jax(x, w, b, eps=1e-5):
+    xf = x.astype(jnp.float32)
+    mean = xf.mean(-1, keepdims=True)
+    var = ((xf - mean) ** 2).mean(-1, keepdims=True)
+    y = (xf - mean) * jax.lax.rsqrt(var + eps)
+    if w is not None:
+        y = y * w.astype(jnp.float32)
+    if b is not None:
+        y = y + b.astype(jnp.float32)
+    return y.astype(x.dtype)
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+@pytest.mark.parametrize("n", NS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
+def test_values_and_grads(dtype, n, jit):
+    m = max(1, min(300, 2**21 // n))
+    x = fresh((3, m, n), dtype)
+    w = fresh((n,), jnp.float32, 1.0, 0.3)
+    b = fresh((n,), dtype, 0.0, 0.3)
+    dy = fresh((3, m, n), dtype, 0.0, 1.0)
+
+    def f(x, w, b):
+        return cj.layer_norm(x, w, b)
+
+    y, vjp = jax.vjp(jax.jit(f) if jit else f, x, w, b)
+    dx, dw, db = vjp(dy)
+    assert y.dtype == x.dtype and dw.dtype == w.dtype and db.dtype == b.dtype
+    xs, ws, bs, dys = (np.asarray(f64(a)) for a in (x, w, b, dy))
+    yr, mean, rstd = ref.forward(xs, ws, bs)
+    dxr, dwr, dbr = ref.backward(dys, xs, ws)
+    check(y, yr, "y")
+    check(dx, dxr, "dx")
+    rows = math.sqrt(3 * m)
+    check(dw, dwr, "dw", rows)
+    check(db, dbr, "db", rows)
+    # and the pure-JAX layer norm agrees to the output dtype
+    check(y, f64(pure_jax(x, w, b)), "y vs pure JAX")
+
+
+@pytest.mark.parametrize("with_w,with_b", [(False, False), (True, False), (False, True)])
+def test_optional_weight_and_bias(with_w, with_b):
+    n = 512
+    x = fresh((40, n), jnp.float32)
+    w = fresh((n,), jnp.float32, 1.0, 0.3) if with_w else None
+    b = fresh((n,), jnp.float32, 0.0, 0.3) if with_b else None
+    dy = fresh((40, n), jnp.float32, 0.0, 1.0)
+    y, vjp = jax.vjp(lambda x, w, b: cj.layer_norm(x, w, b), x, w, b)
+    dx, dw, db = vjp(dy)
+    assert (dw is None) == (w is None) and (db is None) == (b is None)
+    np.testing.assert_allclose(f64(y), f64(pure_jax(x, w, b)), atol=2e-5)
+    _, vjp_r = jax.vjp(pure_jax, x, w, b)
+    for got, want in zip((dx, dw, db), vjp_r(dy)):
+        if got is not None:
+            np.testing.assert_allclose(f64(got), f64(want), atol=2e-4, rtol=1e-4)
+
+
+def test_jit_grad_of_an_mlp_matches_pure_jax():
+    d, h = 256, 1024
+    keys = jax.random.split(jax.random.PRNGKey(0), 4)
+    params = {
+        "w1": jax.random.normal(keys[0], (d, h)) / math.sqrt(d),
+        "w2": jax.random.normal(keys[1], (h, d)) / math.sqrt(h),
+        "g": 1 + 0.1 * jax.random.normal(keys[2], (d,)),
+        "beta": 0.1 * jax.random.normal(keys[3], (d,)),
+    }
+    x = fresh((64, d), jnp.float32)
+
+    def loss(p, x, ln):
+        h1 = ln(x, p["g"], p["beta"]) @ p["w1"]
+        return jnp.mean((jax.nn.gelu(h1) @ p["w2"] + x) ** 2)
+
+    got = jax.jit(jax.grad(lambda p, x: loss(p, x, cj.layer_norm)))(params, x)
+    want = jax.jit(jax.grad(lambda p, x: loss(p, x, pure_jax)))(params, x)
+    for k in params:
+        np.testing.assert_allclose(f64(got[k]), f64(want[k]), atol=1e-5, rtol=1e-3, err_msg=k)
+
+
+def test_vmap_runs_each_batch_element():
+    x = fresh((3, 20, 256), jnp.bfloat16)
+    w = fresh((3, 256), jnp.float32, 1.0, 0.3)
+    y = jax.vmap(cj.layer_norm)(x, w)
+    for i in range(3):
+        check(y[i], ref.forward(f64(x[i]), f64(w[i]))[0], f"y[{i}]")
+
+
+def test_ordered_after_the_producer_on_xlas_stream():
+    """x comes from a long XLA computation; the kernels must see its finished values, eagerly
+    and inside one jitted program."""
+    big = fresh((4096, 4096), jnp.float32, 0.0, 1.0)
+
+    def produce(big):
+        for _ in range(8):
+            big = jnp.tanh(big @ big.T * 1e-3) + big
+        return big[:512, :2048] * 0.5 - 2.3
+
+    x = produce(big)  # eager: queued, likely still running
+    y = cj.layer_norm(x)
+    check(y, ref.forward(f64(x))[0], "eager y")
+    y2, x2 = jax.jit(lambda big: (cj.layer_norm(produce(big)), produce(big)))(big)
+    check(y2, ref.forward(f64(x2))[0], "jitted y")
+
+
+def test_empty_rows():
+    x = jnp.zeros((0, 64), jnp.float32)
+    assert cj.layer_norm(x).shape == (0, 64)
+    assert jax.grad(lambda x: cj.layer_norm(x).sum())(x).shape == (0, 64)
