@@ -6,6 +6,15 @@ compiled at run time with NVRTC.
 """
 
 from ._api import backward, forward, layer_norm
+from ._jagged import jagged_backward, jagged_forward, jagged_layer_norm
 
 __version__ = "0.1.0"
-__all__ = ["forward", "backward", "layer_norm", "__version__"]
+__all__ = [
+    "forward",
+    "backward",
+    "layer_norm",
+    "jagged_forward",
+    "jagged_backward",
+    "jagged_layer_norm",
+    "__version__",
+]

@@ -20,6 +20,7 @@ from pathlib import Path
 KERNEL_DIR = Path(__file__).resolve().parent / "kernels"
 FWD_SOURCE = "layer_norm_fwd.cu"
 BWD_SOURCE = "layer_norm_bwd.cu"
+JAG_SOURCE = "jagged.cu"
 
 #: NVRTC options shared by the run-time build and the CPU compile check (CuPy adds -arch).
 OPTIONS = ("-std=c++17",)

@@ -159,3 +159,56 @@ def dwdb_slices(m: int, n: int, sm_count: int) -> tuple[int, int]:
 def grid_size(m: int, rows_per_block: int, capacity: int) -> int:
     """Blocks for M rows: one per group of rows, at most the resident capacity (persistent)."""
     return max(1, min(_cdiv(m, rows_per_block), capacity))
+
+
+# ------------------------------------------------------------------ jagged (kernels/jagged.cu)
+JAG_BLOCK = 512  # block-per-sequence kernels: the sequence is staged, 16 vectors per thread...
+JAG_CHUNK_BLOCK = 256  # ...chunk kernels of the long path
+JAG_DEFAULT_SMEM = 96 * 1024  # staged bytes per block without a max_seqlen hint: 2 blocks/SM
+
+
+@dataclass(frozen=True)
+class JaggedPlan:
+    """Launch shape of the jagged kernels for one (D, dtypes, vec). ``cap``: elements a
+    sequence (forward) or each of x and dy (backward) may have to take the block-per-sequence
+    path; ``rows``: rows per chunk of the long path (2 * rows * D <= cap); ``smem``: dynamic
+    shared bytes of the block-per-sequence kernel."""
+
+    vec: int
+    cap: int
+    rows: int
+    smem: int
+
+
+def jagged_plan(d: int, x_dtype, vec: int, smem_limit: int, max_seqlen, backward: bool):
+    """Shared memory for the block-per-sequence path: exactly what a sequence of
+    ``max_seqlen`` rows needs when the caller gives that bound (more blocks per SM for short
+    sequences), else JAG_DEFAULT_SMEM; never past the device's opt-in limit."""
+    arrays = 2 if backward else 1
+    usable = smem_limit - STATIC_SMEM_MARGIN
+    if max_seqlen:
+        want = arrays * _cdiv(max_seqlen * d * x_dtype.itemsize, 16) * 16
+    else:
+        want = JAG_DEFAULT_SMEM
+    smem = min(want, usable) // (16 * arrays) * (16 * arrays)
+    cap = smem // arrays // x_dtype.itemsize
+    return JaggedPlan(vec, cap, max(1, cap // (2 * d)), smem)
+
+
+def jagged_exprs(x_dtype, w_dtype, b_dtype, offsets_ctype: str, vec: int) -> dict:
+    """Template instantiations of kernels/jagged.cu for one problem, by role."""
+    tx, tw, tb, acc = ctype(x_dtype), ctype(w_dtype), ctype(b_dtype), ctype(acc_dtype(x_dtype))
+    i, sb, cb = offsets_ctype, JAG_BLOCK, JAG_CHUNK_BLOCK
+    t = _compile.template
+    return {
+        "fwd_short": t("jag_fwd_short", tx, tw, tb, i, vec, sb),
+        "fwd_partial": t("jag_fwd_partial", tx, i, vec, cb),
+        "fwd_combine": t("jag_combine", acc, i, True, cb),
+        "fwd_apply": t("jag_fwd_apply", tx, tw, tb, i, vec, cb),
+        "bwd_short": t("jag_bwd_short", tx, tw, i, vec, sb),
+        "bwd_partial": t("jag_bwd_partial", tx, tw, i, vec, cb),
+        "bwd_combine": t("jag_combine", acc, i, False, cb),
+        "bwd_apply": t("jag_bwd_apply", tx, tw, i, vec, cb),
+        "expand": t("jag_expand_stats", acc, i),
+        "check": t("jag_check_offsets", i),
+    }

@@ -171,6 +171,213 @@ def host_overhead_us(calls: int = 5000) -> dict:
     return out
 
 
+def torch_overhead_us(calls: int = 3000) -> dict:
+    """CPU microseconds per call on tiny CUDA tensors (4 x 64 float32), warm: torch's
+    F.layer_norm against cupyln.torch.layer_norm, inference (no grad) and a training step
+    (forward + backward of one layer norm). Empty dict without torch/CUDA."""
+    import time
+
+    try:
+        import torch
+
+        import cupyln.torch as clt
+    except ImportError:
+        return {}
+    if not torch.cuda.is_available():
+        return {}
+    f = torch.nn.functional.layer_norm
+    x = torch.randn(4, 64, device="cuda")
+    w = torch.randn(64, device="cuda", requires_grad=True)
+    b = torch.randn(64, device="cuda", requires_grad=True)
+    xg = x.clone().requires_grad_()
+    dy = torch.randn(4, 64, device="cuda")
+
+    def step(fn):
+        def run():
+            fn(xg, (64,), w, b).backward(dy)
+
+        return run
+
+    cases = {
+        "torch F.layer_norm, no grad": lambda: f(x, (64,), w.detach(), b.detach()),
+        "cupyln.torch.layer_norm, no grad": lambda: clt.layer_norm(
+            x, (64,), w.detach(), b.detach()
+        ),  # fmt: skip
+        "torch F.layer_norm, fwd+bwd": step(f),
+        "cupyln.torch.layer_norm, fwd+bwd": step(clt.layer_norm),
+    }
+    out = {}
+    for name, fn in cases.items():
+        for _ in range(100):
+            fn()
+        torch.cuda.synchronize()
+        t = time.process_time()
+        for _ in range(calls):
+            fn()
+        out[name] = (time.process_time() - t) / calls * 1e6
+        torch.cuda.synchronize()
+    return out
+
+
+# ------------------------------------------------------------------ training step
+def gpt_block(norm, d: int = 128, heads: int = 4, layers: int = 1):
+    """A small pre-LN transformer (attention + MLP per layer, then a linear head) whose layer
+    norms are ``norm(d)``: the tests' and the training-step benchmark's model."""
+    import torch
+
+    class Layer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln1, self.ln2 = norm(d), norm(d)
+            self.attn = torch.nn.MultiheadAttention(d, heads, batch_first=True)
+            self.mlp = torch.nn.Sequential(torch.nn.Linear(d, 4 * d), torch.nn.GELU(),
+                                           torch.nn.Linear(4 * d, d))  # fmt: skip
+
+        def forward(self, x):
+            h = self.ln1(x)
+            x = x + self.attn(h, h, h, need_weights=False)[0]
+            return x + self.mlp(self.ln2(x))
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = torch.nn.Sequential(*(Layer() for _ in range(layers)))
+            self.head = torch.nn.Linear(d, 1)
+
+        def forward(self, x):
+            return self.head(self.layers(x)).squeeze(-1)
+
+    return Model()
+
+
+def training_step_ms(steps: int = 30, batch: int = 8, seq: int = 1024, d: int = 1024,
+                     layers: int = 4, dtype: str = "bfloat16") -> dict:  # fmt: skip
+    """Milliseconds per optimizer step of ``gpt_block`` (``layers`` layers, width ``d``) with
+    torch.nn.LayerNorm and with cupyln.torch.LayerNorm, same seed, parameters in ``dtype``
+    (no autocast, so the layer norms run in that dtype). Median over ``steps`` after warm-up."""
+    import statistics
+
+    import torch
+
+    import cupyln.torch as clt
+
+    out = {}
+    dt = getattr(torch, dtype)
+    for name, norm in (("torch.nn.LayerNorm", torch.nn.LayerNorm), ("cupyln", clt.LayerNorm)):
+        torch.manual_seed(0)
+        model = gpt_block(norm, d, d // 64, layers).cuda().to(dt)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        x = torch.randn(batch, seq, d, device="cuda", dtype=dt)
+        target = torch.randn(batch, seq, device="cuda", dtype=dt)
+        times = []
+        for i in range(steps + 5):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            loss = torch.nn.functional.mse_loss(model(x), target)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            end.record()
+            end.synchronize()
+            if i >= 5:
+                times.append(start.elapsed_time(end))
+        out[name] = statistics.median(times)
+    return out
+
+
+# ------------------------------------------------------------------ jagged
+JAGGED_SWEEP = tuple((b, d) for b in (32, 256, 2048, 16384) for d in (32, 256))
+
+
+def jagged_inputs(b: int, d: int, dtype, max_seqlen: int = 128, seed: int = 0):
+    """The Helion example's batches: B sequences of lengths uniform in [1, max_seqlen]."""
+    import cupy
+
+    lengths = numpy.random.default_rng(seed).integers(1, max_seqlen + 1, b)
+    offsets = cupy.asarray(numpy.concatenate([[0], numpy.cumsum(lengths)]).astype(numpy.int64))
+    values = ref.sample((int(offsets[-1]), d), dtype, seed=seed + 1)
+    dy = ref.sample(values.shape, dtype, loc=0.0, scale=1.0, seed=seed + 2)
+    return values, offsets, dy
+
+
+def _torch_jagged(torch):
+    """(per-sequence reference, vectorized segment sums) forward implementations in torch."""
+    f = torch.nn.functional
+
+    def per_sequence(values, offsets, eps):
+        o = offsets.tolist()
+        parts = [values[o[i] : o[i + 1]] for i in range(len(o) - 1)]
+        return torch.cat([f.layer_norm(p, p.shape, eps=eps) for p in parts])
+
+    def vectorized(values, offsets, eps):
+        nseq, d = offsets.numel() - 1, values.shape[1]
+        lengths = offsets.diff()
+        seg = torch.repeat_interleave(
+            torch.arange(nseq, device=values.device), lengths, output_size=values.shape[0]
+        )
+        count = (lengths * d).clamp(min=1).float()
+        xf = values.float()
+        mean = torch.zeros(nseq, device=values.device).index_add_(0, seg, xf.sum(1)) / count
+        xc = xf - mean[seg, None]
+        var = torch.zeros(nseq, device=values.device).index_add_(0, seg, (xc * xc).sum(1))
+        return (xc * torch.rsqrt(var / count + eps)[seg, None]).to(values.dtype)
+
+    return per_sequence, vectorized
+
+
+def run_jagged(dtypes=("float32", "bfloat16"), sweep=JAGGED_SWEEP, progress=None):
+    """GB/s of the jagged forward (2 * bytes of values) and backward (3 *) for cupyln, the
+    Helion reference (torch layer_norm per sequence) and a vectorized torch version."""
+    import cupy
+
+    copy = copy_bandwidth()
+    rows = []
+    try:
+        import torch
+
+        per_seq, vec = _torch_jagged(torch) if torch.cuda.is_available() else (None, None)
+    except ImportError:
+        per_seq = vec = None
+    for dtype in dtypes:
+        for b, d in sweep:
+            res, total, itemsize = _jagged_case(b, d, dtype, per_seq, vec)
+            nbytes = total * d * itemsize
+            for name, (f_ms, b_ms) in res.items():
+                fg, bg = 2 * nbytes / f_ms * 1e-6, 3 * nbytes / b_ms * 1e-6
+                row = dict(provider=name, dtype=dtype, B=b, D=d, total_L=total, fwd_ms=f_ms,
+                           bwd_ms=b_ms, fwd_GBs=fg, bwd_GBs=bg, fwd_of_copy=fg / copy,
+                           bwd_of_copy=bg / copy)  # fmt: skip
+                rows.append(row)
+                if progress is not None:
+                    progress(row)
+            cupy.get_default_memory_pool().free_all_blocks()
+    return copy, rows
+
+
+def _jagged_case(b, d, dtype, per_seq, vec):
+    """({provider: (forward ms, backward ms or NaN)}, total_L, itemsize) for one batch."""
+    from . import _jagged
+
+    values, offsets, dy = jagged_inputs(b, d, dtype)
+    _, mean, rstd = _jagged.jagged_forward(values, offsets, max_seqlen=128)
+    kw = dict(max_seqlen=128, check_offsets=False)
+    res = {
+        "cupyln": (
+            time_ms(lambda: _jagged.jagged_forward(values, offsets, **kw)),
+            time_ms(lambda: _jagged.jagged_backward(dy, values, offsets, None, mean, rstd, **kw)),
+        )
+    }
+    if vec is not None:
+        import torch
+
+        tv, to = torch.from_dlpack(values), torch.from_dlpack(offsets)
+        res["torch vectorized"] = (time_ms(lambda: vec(tv, to, 1e-6)), float("nan"))
+        if b <= 2048:  # the per-sequence loop costs seconds at B = 16384
+            t = time_ms(lambda: per_seq(tv, to, 1e-6), reps=5, warmup=1)
+            res["torch per sequence"] = (t, float("nan"))
+    return res, values.shape[0], values.itemsize
+
+
 def as_dicts(rows):
     return [r if isinstance(r, dict) else asdict(r) for r in rows]
 

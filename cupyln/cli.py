@@ -134,6 +134,15 @@ def cmd_bench(args) -> int:
     if args.overhead:
         for name, us in bench.host_overhead_us().items():
             print(f"host time per {name} call (4 x 64 float32): {us:.1f} us")
+        for name, us in bench.torch_overhead_us().items():
+            print(f"host time per call, {name} (4 x 64 float32): {us:.1f} us")
+        return 0
+    if args.jagged:
+        return _bench_jagged(args, bench)
+    if args.train:
+        for name, ms in bench.training_step_ms().items():
+            print(f"training step, 4-layer pre-LN block d=1024, 8 x 1024 tokens, bf16, {name}: "
+                  f"{ms:.2f} ms")  # fmt: skip
         return 0
     ns = tuple(int(v) for v in args.n.split(",")) if args.n else bench.DEFAULT_NS
 
@@ -147,7 +156,14 @@ def cmd_bench(args) -> int:
         if args.verbose and r.kernels:
             print(f"         {r.kernels}", flush=True)
 
-    copy, rows = bench.run(args.dtype, 2**args.log2_elements, ns, not args.no_torch, show)
+    with _progress(len(ns)) as tick:
+
+        def step(r):
+            show(r)
+            if r.provider == "cupyln":
+                tick()
+
+        copy, rows = bench.run(args.dtype, 2**args.log2_elements, ns, not args.no_torch, step)
     print(f"device-to-device copy: {copy:.0f} GB/s (read + write)")
     if args.csv:
         with open(args.csv, "w", newline="") as f:
@@ -159,6 +175,46 @@ def cmd_bench(args) -> int:
             json.dump({"copy_GBs": copy, "rows": bench.as_dicts(rows)}, f, indent=1)
     if args.plot:
         bench.plot(rows, args.plot, copy, f"({args.dtype}, M*N = 2^{args.log2_elements})")
+    return 0
+
+
+class _progress:
+    """A tqdm progress bar over the sweep's widths when tqdm is installed (on stderr, so the
+    table on stdout stays clean); nothing otherwise."""
+
+    def __init__(self, total: int):
+        self.total = total
+        self.bar = None
+
+    def __enter__(self):
+        try:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=self.total, unit="width", file=sys.stderr, leave=False)
+        except ImportError:
+            pass
+        return lambda: self.bar.update(1) if self.bar is not None else None
+
+    def __exit__(self, *exc):
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _bench_jagged(args, bench) -> int:
+    def show(r):
+        print(
+            f"{r['provider']:20s} {r['dtype']:9s} B={r['B']:<6d} D={r['D']:<4d} "
+            f"fwd {r['fwd_GBs']:6.0f} GB/s ({r['fwd_of_copy']:4.0%})  "
+            f"bwd {r['bwd_GBs']:6.0f} GB/s ({r['bwd_of_copy']:4.0%})",
+            flush=True,
+        )
+
+    dtypes = tuple(args.dtype.split(",")) if args.dtype != "bfloat16" else ("float32", "bfloat16")
+    copy, rows = bench.run_jagged(dtypes, progress=show)
+    print(f"device-to-device copy: {copy:.0f} GB/s (read + write)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"copy_GBs": copy, "rows": rows}, f, indent=1)
     return 0
 
 
@@ -188,6 +244,8 @@ def main(argv=None) -> int:
     b.add_argument("--n", default="", help="comma-separated row widths (default: the sweep)")
     b.add_argument("--no-torch", action="store_true", help="skip the torch comparison")
     b.add_argument("--overhead", action="store_true", help="CPU time per call, tiny arrays")
+    b.add_argument("--jagged", action="store_true", help="the jagged sweep (Helion's batches)")
+    b.add_argument("--train", action="store_true", help="training step time, torch vs cupyln")
     b.add_argument("-v", "--verbose", action="store_true", help="show each width's kernels")
     b.add_argument("--csv", default="", help="write the rows to this CSV file")
     b.add_argument("--json", default="", help="write copy bandwidth and rows to this JSON file")

@@ -59,6 +59,32 @@ def test_every_variant_compiles_without_spills(x_dtype, source, arch):
     assert not spilled, f"stack frame / spill stores / spill loads: {spilled}"
 
 
+def jagged_variants(x_dtype):
+    """Every jagged kernel role for both offset types and vector widths, with w/b of x's dtype
+    and of float32."""
+    out = set()
+    for tw in {x_dtype, TABLE_F32}:
+        for o in ("int", "long long"):
+            for vec in _vecs(x_dtype):
+                out.update(_launch.jagged_exprs(x_dtype, tw, tw, o, vec).values())
+    return sorted(out)
+
+
+TABLE_F32 = next(d for d in TABLE if d.name == "float32")
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("x_dtype", DTYPES, ids=lambda d: d.name)
+def test_jagged_kernels_compile_without_spills(x_dtype, arch):
+    exprs = jagged_variants(x_dtype)
+    _, log, lowered = _compile.compile_cubin(_compile.JAG_SOURCE, exprs, arch)
+    reports = {m.group(1): tuple(map(int, m.group(2, 3, 4))) for m in _REPORT.finditer(log)}
+    names = {v: k for k, v in lowered.items()}
+    assert set(reports) == set(names), "ptxas did not report every kernel"
+    spilled = {names[f]: r for f, r in reports.items() if any(r)}
+    assert not spilled, f"stack frame / spill stores / spill loads: {spilled}"
+
+
 def test_includes_are_inlined_and_hashed():
     text, digest = _compile.source(_compile.FWD_SOURCE)
     assert '#include "common.cuh"' not in text and "struct bf16_t" in text

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from cupyln import _launch
+from cupyln import reference as ref
 from cupyln._dtypes import TABLE
 
 SMEM_H100 = 232448  # sm_90 opt-in shared memory per block
@@ -81,3 +82,21 @@ def test_dwdb_slices_cover_rows_within_grid_limits(m, n):
     slices, per = _launch.dwdb_slices(m, n, 132)
     assert 1 <= slices <= 65535 and per >= 1
     assert slices * per >= m and (slices - 1) * per < m  # every row in exactly one slice
+
+
+@pytest.mark.parametrize("d", [1, 3, 32, 256, 769, 4096, 65536, 10**6])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64"])
+@pytest.mark.parametrize("max_seqlen", [None, 1, 128, 10**6])
+@pytest.mark.parametrize("backward", [False, True])
+def test_jagged_plan_keeps_chunks_inside_the_invariant(d, dtype, max_seqlen, backward):
+    """A chunk of R rows meets at most two long sequences: R = 1, or 2 * R * D <= cap (a
+    long sequence has more than cap elements); the staged sequence fits the shared memory."""
+    dt = ref.BFLOAT16 if dtype == "bfloat16" else np.dtype(dtype)
+    for limit in (SMEM_H100, SMEM_A100):
+        p = _launch.jagged_plan(d, dt, 1, limit, max_seqlen, backward)
+        arrays = 2 if backward else 1
+        assert p.smem <= limit - _launch.STATIC_SMEM_MARGIN
+        assert p.cap * dt.itemsize * arrays <= p.smem and p.smem % 16 == 0
+        assert p.rows >= 1 and (p.rows == 1 or 2 * p.rows * d <= p.cap)
+        if max_seqlen and max_seqlen * d * dt.itemsize * arrays <= p.smem:
+            assert p.cap >= max_seqlen * d

@@ -12,6 +12,7 @@ import math
 import pytest
 
 from cupyln import reference as ref
+from cupyln.bench import gpt_block
 
 from .conftest import GPU_COUNT, requires_gpu
 
@@ -226,32 +227,11 @@ def test_second_device():
     close(x.grad, dxr, "dx")
 
 
-def _block(norm):
-    """A small pre-LN transformer block (attention + MLP) with the given LayerNorm class."""
-
-    class Block(torch.nn.Module):
-        def __init__(self, d=128, heads=4):
-            super().__init__()
-            self.ln1, self.ln2 = norm(d), norm(d)
-            self.attn = torch.nn.MultiheadAttention(d, heads, batch_first=True)
-            self.mlp = torch.nn.Sequential(torch.nn.Linear(d, 4 * d), torch.nn.GELU(),
-                                           torch.nn.Linear(4 * d, d))  # fmt: skip
-            self.head = torch.nn.Linear(d, 1)
-
-        def forward(self, x):
-            h = self.ln1(x)
-            x = x + self.attn(h, h, h, need_weights=False)[0]
-            x = x + self.mlp(self.ln2(x))
-            return self.head(x).squeeze(-1)
-
-    return Block
-
-
 def test_training_matches_nn_layer_norm():
     losses = {}
     for name, norm in (("torch", torch.nn.LayerNorm), ("cupyln", clt.LayerNorm)):
         torch.manual_seed(0)
-        model = _block(norm)().cuda()
+        model = gpt_block(norm).cuda()
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
         g = torch.Generator(device="cuda").manual_seed(1)
         out = []
@@ -268,3 +248,91 @@ def test_training_matches_nn_layer_norm():
     a, b = torch.tensor(losses["cupyln"]), torch.tensor(losses["torch"])
     assert a[-10:].mean() < 0.7 * a[:10].mean()  # it trains
     assert bool(((a - b).abs() <= 0.02 * b.abs() + 1e-3).all()), (a - b).abs().max()
+
+
+@pytest.mark.skipif(TORCH_GPUS < 2, reason="needs two GPUs")
+def test_ddp_on_two_gpus_gives_the_single_gpu_gradients(tmp_path):
+    """tests/ddp_worker.py under torchrun (NCCL, one process per GPU, half the batch each):
+    DistributedDataParallel's averaged gradients equal the full batch's on one GPU."""
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / "grads.pt"
+    env = dict(os.environ, NCCL_NVLS_ENABLE="0", PYTHONPATH=os.getcwd())
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           "-m", "tests.ddp_worker", str(out)]  # fmt: skip
+    run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    got = torch.load(out)
+    torch.manual_seed(0)
+    model = gpt_block(clt.LayerNorm).cuda()
+    x, target = ddp_batch()
+    F.mse_loss(model(x), target).backward()
+    for name, p in model.named_parameters():
+        assert torch.allclose(got[name], p.grad.cpu(), rtol=1e-4, atol=1e-6), name
+
+
+def ddp_batch():
+    g = torch.Generator(device="cuda").manual_seed(1)
+    x = torch.randn(8, 64, 128, device="cuda", generator=g)
+    return x, x[..., :8].sum(-1)
+
+
+# ------------------------------------------------------------------ jagged
+def _jagged_reference(values, offsets, w, b, eps=1e-6):
+    """The Helion example's reference in float64: layer_norm of each sequence's whole block,
+    then the per-feature affine."""
+    out = []
+    for i in range(offsets.numel() - 1):
+        blk = values[offsets[i] : offsets[i + 1]].double()
+        y = F.layer_norm(blk, blk.shape, eps=eps) if blk.numel() else blk
+        if w is not None:
+            y = y * w.double()
+        if b is not None:
+            y = y + b.double()
+        out.append(y)
+    return torch.cat(out)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("max_seqlen", [None, 2])
+def test_jagged_values_and_offsets_with_grads(dtype, max_seqlen):
+    g = torch.Generator(device="cuda").manual_seed(11)
+    lengths = torch.randint(0, 60, (40,), generator=g, device="cuda")
+    offsets = torch.cat([torch.zeros(1, dtype=torch.int64, device="cuda"), lengths.cumsum(0)])
+    total, d = int(offsets[-1]), 96
+    x = (-2.3 + 0.5 * torch.randn(total, d, generator=g, device="cuda")).to(dtype)
+    w = (1 + 0.3 * torch.randn(d, generator=g, device="cuda")).requires_grad_()
+    b = (0.3 * torch.randn(d, generator=g, device="cuda")).requires_grad_()
+    x.requires_grad_()
+    y = clt.jagged_layer_norm(x, offsets, w, b, max_seqlen=max_seqlen)
+    dy = torch.randn(total, d, generator=g, device="cuda").to(dtype)
+    y.backward(dy)
+    xs, ws, bs = (t.detach().double().requires_grad_() for t in (x, w, b))
+    yr = _jagged_reference(xs, offsets, ws, bs)
+    yr.backward(dy.double())
+    close(y, yr.detach(), "y")
+    close(x.grad, xs.grad, "dx")
+    close(w.grad, ws.grad, "dw", rows=math.sqrt(total))
+    close(b.grad, bs.grad, "db", rows=math.sqrt(total))
+
+
+def test_jagged_nested_tensor_in_and_out():
+    g = torch.Generator(device="cuda").manual_seed(12)
+    parts = [torch.randn(n, 64, generator=g, device="cuda") - 2.3 for n in (5, 1, 17, 3)]
+    nt = torch.nested.nested_tensor(parts, layout=torch.jagged, requires_grad=True)
+    out = clt.jagged_layer_norm(nt)
+    assert out.is_nested and out.layout == torch.jagged
+    want = _jagged_reference(nt.values().detach(), nt.offsets(), None, None)
+    close(out.values(), want, "y")
+    out.values().sum().backward()
+    assert nt.grad is not None
+
+
+def test_jagged_bad_offsets_are_refused():
+    x = torch.ones(6, 4, device="cuda")
+    with pytest.raises(ValueError, match="non-decreasing"):
+        clt.jagged_layer_norm(x, torch.tensor([0, 4, 3, 6], device="cuda"))
+    with pytest.raises(ValueError, match="offsets"):
+        clt.jagged_layer_norm(x)

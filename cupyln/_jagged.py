@@ -1,0 +1,277 @@
+"""Array API of the jagged LayerNorm: validation, allocation and launch of kernels/jagged.cu.
+
+``values`` [total_L, D] holds B sequences one after another; ``offsets`` [B+1] (int32 or
+int64) marks them: sequence i is rows offsets[i] to offsets[i+1]. Each sequence's whole block
+of L_i * D elements is normalized with one mean and rstd (float32; float64 for float64
+values), then scaled and shifted per column by optional w, b of shape [D].
+
+Offsets are checked on the GPU: a small kernel flags offsets[0] != 0, a decrease, or
+offsets[-1] != total_L, and only its 16-byte verdict comes back to the host (one
+synchronization, not a copy of the offsets). ``check_offsets=False`` skips it (no
+synchronization; for offsets known to be valid, e.g. inside CUDA-graph capture).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy
+
+from . import _api, _compile, _launch
+from ._api import _check_array, _check_eps, _check_vector, _cupy, _OnDevice, _ptr
+from ._driver import Launcher
+from ._dtypes import SUPPORTED_NAMES, TABLE, acc_dtype
+
+_OFFSET_CTYPES = {numpy.dtype(numpy.int32): "int", numpy.dtype(numpy.int64): "long long"}
+_PART_BYTES = 32  # struct Part in jagged.cu: int64 seq, double n, a, b
+
+# parameter layouts (see _driver): Q pointer, q int64, i int32, f/d the arithmetic type
+_ARGS = {
+    "fwd_short": "QQqiQQQQQ{e}q",  # x, off, B, D, y, w, b, mean, rstd, eps, cap
+    "fwd_partial": "QQqiqqQ",  # x, off, B, D, R, cap, part
+    "combine": "QqiqqQQQQ{e}",  # off, B, D, R, cap, part, o1, o2, mean64, eps
+    "fwd_apply": "QQqiqqQQQQQ",  # x, off, B, D, R, cap, y, w, b, mean64, rstd
+    "bwd_short": "QQQqiQQQQq",  # dy, x, off, B, D, w, mean, rstd, dx, cap
+    "bwd_partial": "QQQqiqqQQQQ",  # dy, x, off, B, D, R, cap, w, mean, rstd, part
+    "bwd_apply": "QQQqiqqQQQQQQ",  # dy, x, off, B, D, R, cap, w, mean, rstd, c1, c2, dx
+    "expand": "QqQQQQ",  # off, B, mean, rstd, row_mean, row_rstd
+    "check": "QqqQ",  # off, B, total, flags
+}
+
+
+class _Kernels:
+    """The jagged kernels of one problem on one device, with their resident block counts."""
+
+    def __init__(self, dev, d, x_dtype, w_dtype, b_dtype, o_dtype, vec, max_seqlen):
+        info = _api._device(dev)
+        self.fwd = _launch.jagged_plan(d, x_dtype, vec, info.smem_optin, max_seqlen, False)
+        self.bwd = _launch.jagged_plan(d, x_dtype, vec, info.smem_optin, max_seqlen, True)
+        exprs = _launch.jagged_exprs(x_dtype, w_dtype, b_dtype, _OFFSET_CTYPES[o_dtype], vec)
+        e = "d" if acc_dtype(x_dtype).itemsize == 8 else "f"
+        self.launch, self.capacity = {}, {}
+        for role, expr in exprs.items():
+            smem = {"fwd_short": self.fwd.smem, "bwd_short": self.bwd.smem}.get(role, 0)
+            k = _api._get(_compile.JAG_SOURCE, expr, dev, smem)
+            fmt = _ARGS["combine" if role.endswith("combine") else role].format(e=e)
+            self.launch[role] = Launcher(k, fmt)
+            block = _launch.JAG_BLOCK if role.endswith("short") else _launch.JAG_CHUNK_BLOCK
+            if role in ("expand", "check"):
+                block = 256
+            self.capacity[role] = (_api._capacity(k, block, smem, dev), block, smem)
+        # dw/db: layer_norm_bwd.cu's column kernel and fixed-order reduce (b_dtype: db's dtype)
+        cols = _api._get(_compile.BWD_SOURCE, _launch.dwdb_cols_expr(x_dtype), dev, 0)
+        red = _api._get(_compile.BWD_SOURCE, _launch.reduce_expr(x_dtype, w_dtype, b_dtype), dev, 0)
+        self.cols = Launcher(cols, _api._COLS_ARGS)
+        self.reduce = Launcher(red, _api._REDUCE_ARGS)
+
+    def __call__(self, role, work, stream, *args):
+        cap, block, smem = self.capacity[role]
+        self.launch[role](_launch.grid_size(work, 1, cap), block, smem, stream, *args)
+
+
+@lru_cache(maxsize=1024)
+def _kernels(dev, d, x_dtype, w_dtype, b_dtype, o_dtype, vec, max_seqlen) -> _Kernels:
+    return _Kernels(dev, d, x_dtype, w_dtype, b_dtype, o_dtype, vec, max_seqlen)
+
+
+# ------------------------------------------------------------------ validation
+def _check_values(values, name="values") -> tuple[int, int]:
+    _check_array(values, name)
+    if values.ndim != 2:
+        raise ValueError(f"{name} must be 2-D [total_L, D]; got shape {values.shape}")
+    total, d = values.shape
+    if not 1 <= d <= _api._MAX_N:
+        raise ValueError(f"{name}.shape[1] (D) must be in [1, {_api._MAX_N}]; got {d}")
+    return total, d
+
+
+def _check_offsets_array(offsets, dev: int) -> int:
+    cupy = _cupy()
+    if not isinstance(offsets, cupy.ndarray):
+        raise TypeError(f"offsets must be a cupy.ndarray of int32 or int64; got {type(offsets)}")
+    if offsets.dtype not in _OFFSET_CTYPES:
+        raise TypeError(f"offsets must have dtype int32 or int64; got {offsets.dtype}")
+    if offsets.ndim != 1 or offsets.shape[0] < 1:
+        raise ValueError(f"offsets must be 1-D of length B + 1 >= 1; got shape {offsets.shape}")
+    if offsets.data.device_id != dev:
+        raise ValueError(
+            f"offsets must be on the device of values (cuda:{dev}); "
+            f"got cuda:{offsets.data.device_id}"
+        )
+    return offsets.shape[0] - 1
+
+
+def _check_offsets_on_gpu(k: _Kernels, offsets, b: int, total: int, stream: int) -> None:
+    cupy = _cupy()
+    flags = cupy.array([0, 2**64 - 1], dtype=cupy.uint64)
+    k("check", max(1, -(-b // 256)), stream, offsets.data.ptr, b, total, flags.data.ptr)
+    bits, first = (int(v) for v in flags.get())
+    if bits & 1:
+        raise ValueError(f"offsets[0] must be 0; got {int(offsets[0])}")
+    if bits & 2:
+        raise ValueError(
+            f"offsets must be non-decreasing; offsets[{first}] = {int(offsets[first])} > "
+            f"offsets[{first + 1}] = {int(offsets[first + 1])}"
+        )
+    if bits & 4:
+        raise ValueError(
+            f"offsets[-1] must equal values.shape[0] = {total}; got {int(offsets[-1])}"
+        )
+
+
+def _setup(values, offsets, w, b, eps, max_seqlen):
+    total, d = _check_values(values)
+    dev = values.data.device_id
+    nseq = _check_offsets_array(offsets, dev)
+    _check_vector(w, "w", d, dev)
+    _check_vector(b, "b", d, dev)
+    eps = _check_eps(eps)
+    if max_seqlen is not None and (isinstance(max_seqlen, bool) or int(max_seqlen) < 1):
+        raise ValueError(f"max_seqlen must be a positive int or None; got {max_seqlen!r}")
+    return total, d, dev, nseq, eps
+
+
+def _prepare(values, offsets, w, b):
+    """Contiguous values and offsets, aligned w and b."""
+    cupy = _cupy()
+    values = cupy.ascontiguousarray(values)
+    offsets = cupy.ascontiguousarray(offsets)
+    w, b = _api._aligned_vector(w), _api._aligned_vector(b)
+    return values, offsets, w, b
+
+
+# ------------------------------------------------------------------ public functions
+def jagged_forward(values, offsets, w=None, b=None, eps=1e-6, *, max_seqlen=None,
+                   check_offsets=True):  # fmt: skip
+    """LayerNorm of each sequence of a jagged batch over all its elements.
+
+    Args:
+        values: CuPy array [total_L, D] (float32, float16, bfloat16 or float64).
+        offsets: CuPy int32/int64 array [B + 1]: 0 = offsets[0] <= ... <= offsets[B] = total_L.
+            Equal neighbours are empty sequences.
+        w, b: optional per-feature scale and shift of shape [D], each of any float dtype.
+        eps: added to each sequence's biased variance; finite and >= 0.
+        max_seqlen: optional bound on the sequence lengths (a hint: it sizes the shared memory
+            of the block-per-sequence kernel; longer sequences are still right).
+        check_offsets: validate the offsets on the GPU first (one small synchronization).
+
+    Returns:
+        (y, mean, rstd): y like values; mean and rstd of shape [B], float32 (float64 for
+        float64 values). An empty sequence has mean 0 and rstd 1/sqrt(eps).
+    """
+    total, d, dev, nseq, eps = _setup(values, offsets, w, b, eps, max_seqlen)
+    acc = acc_dtype(values.dtype)
+    cupy = _cupy()
+    with _OnDevice(dev):
+        values, offsets, w, b = _prepare(values, offsets, w, b)
+        stream = _api._current_stream()
+        y = cupy.empty((total, d), values.dtype)
+        vec = _launch.vector_width(values.itemsize, d, (), (values.data.ptr, y.data.ptr))
+        wdt = values.dtype if w is None else w.dtype
+        bdt = values.dtype if b is None else b.dtype
+        k = _kernels(dev, d, values.dtype, wdt, bdt, offsets.dtype, vec, max_seqlen)
+        if check_offsets:
+            _check_offsets_on_gpu(k, offsets, nseq, total, stream)
+        mean = cupy.empty(nseq, acc)
+        rstd = cupy.empty(nseq, acc)
+        if nseq == 0:
+            return y, mean, rstd
+        x_ptr, o_ptr, y_ptr = values.data.ptr, offsets.data.ptr, y.data.ptr
+        m_ptr, r_ptr, w_ptr, b_ptr = mean.data.ptr, rstd.data.ptr, _ptr(w), _ptr(b)
+        p = k.fwd
+        k("fwd_short", nseq, stream, x_ptr, o_ptr, nseq, d, y_ptr, w_ptr, b_ptr, m_ptr, r_ptr,
+          eps, p.cap)  # fmt: skip
+        if total:
+            chunks = -(-total // p.rows)
+            part = cupy.cuda.alloc(2 * chunks * _PART_BYTES + 8 * nseq)
+            mean64 = part.ptr + 2 * chunks * _PART_BYTES  # the long sequences' exact means
+            k("fwd_partial", chunks, stream, x_ptr, o_ptr, nseq, d, p.rows, p.cap, part.ptr)
+            k("fwd_combine", nseq, stream, o_ptr, nseq, d, p.rows, p.cap, part.ptr, m_ptr,
+              r_ptr, mean64, eps)  # fmt: skip
+            k("fwd_apply", chunks, stream, x_ptr, o_ptr, nseq, d, p.rows, p.cap, y_ptr, w_ptr,
+              b_ptr, mean64, r_ptr)  # fmt: skip
+    return y, mean, rstd
+
+
+def jagged_layer_norm(values, offsets, eps=1e-6, **kwargs):
+    """``jagged_forward(values, offsets, eps=eps)[0]``: the normalized values only."""
+    return jagged_forward(values, offsets, eps=eps, **kwargs)[0]
+
+
+def jagged_backward(dy, values, offsets, w, mean, rstd, *, bias_dtype=None, max_seqlen=None,
+                    check_offsets=True):  # fmt: skip
+    """Gradients of the jagged LayerNorm at the forward's saved mean and rstd.
+
+    Args:
+        dy: gradient of y, [total_L, D] like values.
+        values, offsets: the forward's inputs.
+        w: the forward's weight or None (then dw is None).
+        mean, rstd: the forward's statistics, [B].
+        bias_dtype: dtype of db (default: w's, or values' without w).
+
+    Returns:
+        (dx, dw, db): dx like values; dw, db of shape [D], deterministic.
+    """
+    total, d, dev, nseq, _ = _setup(values, offsets, w, None, 0.0, max_seqlen)
+    _check_array(dy, "dy", dev)
+    if dy.shape != values.shape or dy.dtype != values.dtype:
+        raise ValueError(
+            f"dy must match values ({values.dtype} {values.shape}); got {dy.dtype} {dy.shape}"
+        )
+    acc = acc_dtype(values.dtype)
+    for a, name in ((mean, "mean"), (rstd, "rstd")):
+        _check_array(a, name, dev)
+        if a.dtype != acc or a.shape != (nseq,):
+            raise ValueError(f"{name} must be {acc.name} of shape ({nseq},); got {a.dtype} "
+                             f"{a.shape}")  # fmt: skip
+    wdt = values.dtype if w is None else w.dtype
+    db_dtype = numpy.dtype(bias_dtype) if bias_dtype is not None else wdt
+    if db_dtype not in TABLE:
+        raise TypeError(f"bias_dtype must be one of {', '.join(SUPPORTED_NAMES)}; got {db_dtype}")
+    cupy = _cupy()
+    with _OnDevice(dev):
+        values, offsets, w, _ = _prepare(values, offsets, w, None)
+        dy = cupy.ascontiguousarray(dy)
+        mean = cupy.ascontiguousarray(mean)
+        rstd = cupy.ascontiguousarray(rstd)
+        stream = _api._current_stream()
+        dx = cupy.empty((total, d), values.dtype)
+        dw = None if w is None else cupy.empty(d, wdt)
+        db = cupy.empty(d, db_dtype)
+        ptrs = (values.data.ptr, dy.data.ptr, dx.data.ptr)
+        vec = _launch.vector_width(values.itemsize, d, (), ptrs)
+        k = _kernels(dev, d, values.dtype, wdt, db_dtype, offsets.dtype, vec, max_seqlen)
+        if check_offsets:
+            _check_offsets_on_gpu(k, offsets, nseq, total, stream)
+        if total == 0:
+            db.fill(0)
+            if dw is not None:
+                dw.fill(0)
+            return dx, dw, db
+        x_ptr, g_ptr, dx_ptr = ptrs
+        o_ptr, w_ptr, m_ptr, r_ptr = offsets.data.ptr, _ptr(w), mean.data.ptr, rstd.data.ptr
+        p = k.bwd
+        k("bwd_short", nseq, stream, g_ptr, x_ptr, o_ptr, nseq, d, w_ptr, m_ptr, r_ptr, dx_ptr,
+          p.cap)  # fmt: skip
+        chunks = -(-total // p.rows)
+        part = cupy.cuda.alloc(2 * chunks * _PART_BYTES)
+        coef = cupy.empty((2, nseq), acc)
+        c1, c2 = coef.data.ptr, coef.data.ptr + nseq * acc.itemsize
+        k("bwd_partial", chunks, stream, g_ptr, x_ptr, o_ptr, nseq, d, p.rows, p.cap, w_ptr,
+          m_ptr, r_ptr, part.ptr)  # fmt: skip
+        k("bwd_combine", nseq, stream, o_ptr, nseq, d, p.rows, p.cap, part.ptr, c1, c2, 0, 0.0)
+        k("bwd_apply", chunks, stream, g_ptr, x_ptr, o_ptr, nseq, d, p.rows, p.cap, w_ptr, m_ptr,
+          r_ptr, c1, c2, dx_ptr)  # fmt: skip
+        # dw/db: column sums over all rows, with each row's sequence statistics
+        rows = cupy.empty((2, total), acc)
+        rm, rr = rows.data.ptr, rows.data.ptr + total * acc.itemsize
+        k("expand", -(-total // 256), stream, o_ptr, nseq, m_ptr, r_ptr, rm, rr)
+        g, per = _launch.dwdb_slices(total, d, _api._device(dev).sm_count)
+        part = cupy.empty((2, g, d), acc)
+        dw_part = part.data.ptr if w is not None else 0
+        db_part = part.data.ptr + g * d * acc.itemsize
+        k.cols((-(-d // 32), g), _launch.REDUCE_BLOCK, 0, stream, g_ptr, d, x_ptr, d, rm, rr,
+               dw_part, db_part, total, d, per)  # fmt: skip
+        k.reduce(-(-d // 32), _launch.REDUCE_BLOCK, 0, stream, dw_part, db_part, g, d,
+                 _ptr(dw), db.data.ptr)  # fmt: skip
+    return dx, dw, db

@@ -1,0 +1,479 @@
+// cupyln/kernels/jagged.cu -- LayerNorm over the sequences of a jagged batch.
+//
+// Layout: values x[total_L, D] (C-contiguous), offsets off[B+1] (int or long long, 0 = off[0]
+// <= off[1] <= ... <= off[B] = total_L). Sequence s is the block of rows [off[s], off[s+1]):
+// its L*D elements are normalized together (one mean and one rstd per sequence, biased
+// variance, two-pass), then scaled by the per-column w and shifted by b (optional).
+//
+// Two paths, chosen per sequence on the GPU (the host never reads the offsets):
+//   * short (L*D <= CAP elements, CAP set by the host from the shared memory it gives a block):
+//     one block per sequence, grid-stride over sequences; the sequence is staged in shared
+//     memory as it is read, so x is read once and y written once (backward: x and dy staged).
+//     Each thread reads back only the vectors it staged, so staging needs no barrier.
+//   * long: the rows are cut into fixed chunks of R rows (chunk c = rows [c*R, (c+1)*R)),
+//     with 2*R*D <= CAP, so a long sequence (L > 2R) never lies inside one chunk and at most
+//     two long sequences touch a chunk: each chunk writes at most two partial records in its
+//     own slots. A second kernel combines a long sequence's chunk records in chunk order
+//     (Chan's formula for mean/M2, in double) with a fixed-order tree, so results are
+//     deterministic; a third applies the statistics chunk by chunk. x is read twice there.
+// Statistics are exact for large-mean data: sums are taken of x minus the share's first
+// element, and the long path applies the mean in double.
+// Backward: dx = rstd * (w*dy - (xhat * sum(w*dy*xhat) + sum(w*dy)) / (L*D)) per sequence, by
+// the same two paths; dw/db are column sums over all rows, computed by layer_norm_bwd.cu's
+// column kernel on per-row copies of the sequence statistics (jag_expand_stats).
+// Vector access: VEC elements per access need D % VEC == 0 and x, y (dy, dx) aligned to
+// VEC * sizeof(T); w/b aligned to VEC * sizeof(TW/TB) (the host copies them when not).
+#include "common.cuh"
+
+namespace cupyln {
+
+// The sequence holding row `row` (0 <= row < off[B]): the last s with off[s] <= row, which
+// skips empty sequences.
+template <typename I>
+__device__ __forceinline__ i64 seq_of_row(const I* __restrict__ off, const i64 B, const i64 row) {
+  i64 lo = 0, hi = B - 1;
+  while (lo < hi) {
+    const i64 mid = (lo + hi + 1) >> 1;
+    if (static_cast<i64>(off[mid]) <= row) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return lo;
+}
+
+template <typename T, int VEC>
+__device__ __forceinline__ Pack<T, VEC> ld(const T* __restrict__ p, const i64 v) {
+  return reinterpret_cast<const Pack<T, VEC>*>(p)[v];
+}
+
+// Loads VEC weights (or bias values) for columns [c, c + VEC): 1 when absent.
+template <typename A, typename TW, int VEC>
+__device__ __forceinline__ void load_cols(const TW* __restrict__ w, const int c, const A none,
+                                          A (&out)[VEC]) {
+  if (w != nullptr) {
+    load_pack<A, TW, VEC>(w + c, out);
+  } else {
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) out[k] = none;
+  }
+}
+
+// ============================================================================ forward
+// Sum of (x - k) over the nv vectors of p[0 .. nv*VEC) owned by this thread (v = tid,
+// tid + BLOCK, ...), four loads in flight; stores each vector to stage[v] when STAGE. The shift
+// k (the share's first element) keeps large-mean data exact, as in layer_norm_fwd.cu.
+template <typename T, typename A, int VEC, int BLOCK, bool STAGE>
+__device__ __forceinline__ A sum_vectors(const T* __restrict__ p, const i64 nv, const A k0,
+                                         T* stage) {
+  A sum = 0;
+  for (i64 v0 = threadIdx.x; v0 < nv; v0 += 4 * BLOCK) {
+    Pack<T, VEC> pk[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const i64 v = v0 + u * BLOCK;
+      if (v < nv) pk[u] = ld<T, VEC>(p, v);
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const i64 v = v0 + u * BLOCK;
+      if (v < nv) {
+        if constexpr (STAGE) reinterpret_cast<Pack<T, VEC>*>(stage)[v] = pk[u];
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) sum += static_cast<A>(widen(pk[u].v[k])) - k0;
+      }
+    }
+  }
+  return sum;
+}
+
+template <typename T, typename A, int VEC, int BLOCK>
+__device__ __forceinline__ A sq_dev_vectors(const T* __restrict__ p, const i64 nv, const A k0,
+                                            const A mu) {
+  A sq = 0;
+  for (i64 v0 = threadIdx.x; v0 < nv; v0 += 4 * BLOCK) {
+    Pack<T, VEC> pk[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const i64 v = v0 + u * BLOCK;
+      if (v < nv) pk[u] = ld<T, VEC>(p, v);
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const i64 v = v0 + u * BLOCK;
+      if (v < nv) {
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) {
+          const A d = (static_cast<A>(widen(pk[u].v[k])) - k0) - mu;
+          sq += d * d;
+        }
+      }
+    }
+  }
+  return sq;
+}
+
+// y = ((x - k) - mu) * rs * w + b for the nv vectors at src (row-major, D columns, starting at
+// a row start), written at dst. M is the type of k and mu: A with the share's shift, or double
+// (k = 0, mu the exact mean) where no shift is at hand.
+template <typename T, typename TW, typename TB, typename A, typename M, int VEC, int BLOCK>
+__device__ __forceinline__ void apply_vectors(const T* __restrict__ src, T* __restrict__ dst,
+                                              const i64 nv, const int D, const M k0, const M mu,
+                                              const A rs, const TW* __restrict__ w,
+                                              const TB* __restrict__ b) {
+  const int DV = D / VEC;
+  for (i64 v = threadIdx.x; v < nv; v += BLOCK) {
+    const int c = static_cast<int>(v % DV) * VEC;
+    A xv[VEC], wv[VEC], bv[VEC], out[VEC];
+    load_pack<A, T, VEC>(src + v * VEC, xv);
+    load_cols<A, TW, VEC>(w, c, A(1), wv);
+    load_cols<A, TB, VEC>(b, c, A(0), bv);
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) {
+      out[k] = static_cast<A>((static_cast<M>(xv[k]) - k0) - mu) * rs * wv[k] + bv[k];
+    }
+    store_pack<T, A, VEC>(dst + v * VEC, out);
+  }
+}
+
+template <typename T, typename TW, typename TB, typename I, int VEC, int BLOCK>
+__global__ void __launch_bounds__(BLOCK, 1)
+    jag_fwd_short(const T* __restrict__ x, const I* __restrict__ off, const i64 B, const int D,
+                  T* __restrict__ y, const TW* __restrict__ w, const TB* __restrict__ b,
+                  typename AccOf<T>::type* __restrict__ mean,
+                  typename AccOf<T>::type* __restrict__ rstd,
+                  const typename AccOf<T>::type eps, const i64 cap) {
+  typedef typename AccOf<T>::type A;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* stage = reinterpret_cast<T*>(smem_raw);
+  __shared__ A red[BLOCK / 32];
+  for (i64 s = blockIdx.x; s < B; s += gridDim.x) {
+    const i64 r0 = off[s];
+    const i64 cnt = (static_cast<i64>(off[s + 1]) - r0) * D;
+    if (cnt > cap) continue;  // a long sequence: the chunk kernels
+    if (cnt == 0) {
+      if (threadIdx.x == 0) {
+        mean[s] = A(0);
+        rstd[s] = rsqrt_acc<A>(eps);
+      }
+      continue;
+    }
+    const i64 nv = cnt / VEC;
+    const A k0 = static_cast<A>(widen(x[r0 * D]));
+    const A mu =
+        group_sum<BLOCK>(sum_vectors<T, A, VEC, BLOCK, true>(x + r0 * D, nv, k0, stage), red) /
+        static_cast<A>(cnt);
+    const A var = group_sum<BLOCK>(sq_dev_vectors<T, A, VEC, BLOCK>(stage, nv, k0, mu), red) /
+                  static_cast<A>(cnt);
+    const A rs = rsqrt_acc<A>(var + eps);
+    if (threadIdx.x == 0) {
+      mean[s] = k0 + mu;
+      rstd[s] = rs;
+    }
+    apply_vectors<T, TW, TB, A, A, VEC, BLOCK>(stage, y + r0 * D, nv, D, k0, mu, rs, w, b);
+  }
+}
+
+// A chunk's share of one long sequence: seq (-1: unused slot), count, and two values
+// (forward: mean and M2 of the share; backward: sum(w*dy*xhat) and sum(w*dy)).
+struct Part {
+  i64 seq;
+  double n, a, b;
+};
+
+// Calls f(s, r0, r1) for each long sequence s meeting chunk [row0, row1) with its rows
+// [r0, r1) inside the chunk (at most two), then marks the unused slots.
+template <typename I, typename F>
+__device__ __forceinline__ void for_long_in_chunk(const I* __restrict__ off, const i64 B,
+                                                  const int D, const i64 cap, const i64 row0,
+                                                  const i64 row1, F f) {
+  for (i64 s = seq_of_row(off, B, row0); s < B && static_cast<i64>(off[s]) < row1; ++s) {
+    const i64 a = off[s], e = off[s + 1];
+    if ((e - a) * D <= cap) continue;  // short (or empty): done by the block-per-sequence path
+    f(s, a > row0 ? a : row0, e < row1 ? e : row1);
+  }
+}
+
+template <typename T, typename I, int VEC, int BLOCK>
+__global__ void __launch_bounds__(BLOCK, 1)
+    jag_fwd_partial(const T* __restrict__ x, const I* __restrict__ off, const i64 B, const int D,
+                    const i64 R, const i64 cap, Part* __restrict__ part) {
+  typedef typename AccOf<T>::type A;
+  __shared__ A red[BLOCK / 32];
+  const i64 total = off[B];
+  const i64 chunks = (total + R - 1) / R;
+  for (i64 c = blockIdx.x; c < chunks; c += gridDim.x) {
+    const i64 row0 = c * R, row1 = row0 + R < total ? row0 + R : total;
+    int slot = 0;
+    for_long_in_chunk(off, B, D, cap, row0, row1, [&](i64 s, i64 r0, i64 r1) {
+      const i64 cnt = (r1 - r0) * D, nv = cnt / VEC;
+      const T* p = x + r0 * D;
+      const A k0 = static_cast<A>(widen(p[0]));
+      const A mu =
+          group_sum<BLOCK>(sum_vectors<T, A, VEC, BLOCK, false>(p, nv, k0, nullptr), red) /
+          static_cast<A>(cnt);
+      const A m2 = group_sum<BLOCK>(sq_dev_vectors<T, A, VEC, BLOCK>(p, nv, k0, mu), red);
+      if (threadIdx.x == 0) {
+        part[2 * c + slot] = Part{s, double(cnt), double(k0) + double(mu), double(m2)};
+      }
+      ++slot;
+    });
+    if (threadIdx.x == 0) {
+      for (; slot < 2; ++slot) part[2 * c + slot].seq = -1;
+    }
+  }
+}
+
+// Chan's combination of (n, mean, M2) with another share.
+__device__ __forceinline__ void chan(double& n, double& mu, double& m2, const double nb,
+                                     const double mub, const double m2b) {
+  if (nb == 0) return;
+  const double nn = n + nb, d = mub - mu;
+  mu += d * (nb / nn);
+  m2 += m2b + d * d * (n * nb / nn);
+  n = nn;
+}
+
+// One block per long sequence: its chunk records combined in chunk order (thread t takes
+// chunks t, t + BLOCK, ...; thread 0 then combines the threads in order). FORWARD: mean/M2 to
+// (mean, rstd) and the exact mean in mean64 for the apply kernel; backward: the two sums to
+// (sum(w*dy*xhat) / n, sum(w*dy) / n) in (o1, o2).
+template <typename A, typename I, bool FORWARD, int BLOCK>
+__global__ void __launch_bounds__(BLOCK, 1)
+    jag_combine(const I* __restrict__ off, const i64 B, const int D, const i64 R, const i64 cap,
+                const Part* __restrict__ part, A* __restrict__ o1, A* __restrict__ o2,
+                double* __restrict__ mean64, const A eps) {
+  __shared__ double sn[BLOCK], sa[BLOCK], sb[BLOCK];
+  for (i64 s = blockIdx.x; s < B; s += gridDim.x) {
+    const i64 a = off[s], e = off[s + 1];
+    if ((e - a) * D <= cap) continue;
+    const i64 c0 = a / R, c1 = (e - 1) / R;
+    double n = 0, va = 0, vb = 0;
+    for (i64 c = c0 + threadIdx.x; c <= c1; c += BLOCK) {
+      const Part p = part[2 * c].seq == s ? part[2 * c] : part[2 * c + 1];
+      if (FORWARD) {
+        chan(n, va, vb, p.n, p.a, p.b);
+      } else {
+        n += p.n;
+        va += p.a;
+        vb += p.b;
+      }
+    }
+    sn[threadIdx.x] = n;
+    sa[threadIdx.x] = va;
+    sb[threadIdx.x] = vb;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      for (int t = 1; t < BLOCK; ++t) {
+        if (FORWARD) {
+          chan(n, va, vb, sn[t], sa[t], sb[t]);
+        } else {
+          n += sn[t];
+          va += sa[t];
+          vb += sb[t];
+        }
+      }
+      if (FORWARD) {
+        o1[s] = static_cast<A>(va);
+        o2[s] = rsqrt_acc<A>(static_cast<A>(vb / n) + eps);
+        mean64[s] = va;
+      } else {
+        o1[s] = static_cast<A>(va / n);
+        o2[s] = static_cast<A>(vb / n);
+      }
+    }
+    __syncthreads();
+  }
+}
+
+template <typename T, typename TW, typename TB, typename I, int VEC, int BLOCK>
+__global__ void __launch_bounds__(BLOCK, 1)
+    jag_fwd_apply(const T* __restrict__ x, const I* __restrict__ off, const i64 B, const int D,
+                  const i64 R, const i64 cap, T* __restrict__ y, const TW* __restrict__ w,
+                  const TB* __restrict__ b, const double* __restrict__ mean64,
+                  const typename AccOf<T>::type* __restrict__ rstd) {
+  typedef typename AccOf<T>::type A;
+  const i64 total = off[B];
+  const i64 chunks = (total + R - 1) / R;
+  for (i64 c = blockIdx.x; c < chunks; c += gridDim.x) {
+    const i64 row0 = c * R, row1 = row0 + R < total ? row0 + R : total;
+    for_long_in_chunk(off, B, D, cap, row0, row1, [&](i64 s, i64 r0, i64 r1) {
+      apply_vectors<T, TW, TB, A, double, VEC, BLOCK>(x + r0 * D, y + r0 * D,
+                                                      (r1 - r0) * D / VEC, D, 0.0, mean64[s],
+                                                      rstd[s], w, b);
+    });
+  }
+}
+
+// ============================================================================ backward
+// (sum(w*dy*xhat), sum(w*dy)) over this thread's vectors; stages x and dy when STAGE.
+template <typename T, typename TW, typename A, int VEC, int BLOCK, bool STAGE>
+__device__ __forceinline__ void bwd_sums(const T* __restrict__ dy, const T* __restrict__ x,
+                                         const i64 nv, const int D, const TW* __restrict__ w,
+                                         const A mu, const A rs, T* sdy, T* sx, A& s1, A& s2) {
+  const int DV = D / VEC;
+  s1 = 0;
+  s2 = 0;
+  for (i64 v0 = threadIdx.x; v0 < nv; v0 += 2 * BLOCK) {
+    Pack<T, VEC> pg[2], px[2];
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const i64 v = v0 + u * BLOCK;
+      if (v < nv) {
+        pg[u] = ld<T, VEC>(dy, v);
+        px[u] = ld<T, VEC>(x, v);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const i64 v = v0 + u * BLOCK;
+      if (v < nv) {
+        if constexpr (STAGE) {
+          reinterpret_cast<Pack<T, VEC>*>(sdy)[v] = pg[u];
+          reinterpret_cast<Pack<T, VEC>*>(sx)[v] = px[u];
+        }
+        A wv[VEC];
+        load_cols<A, TW, VEC>(w, static_cast<int>(v % DV) * VEC, A(1), wv);
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) {
+          const A wdy = wv[k] * static_cast<A>(widen(pg[u].v[k]));
+          s1 += wdy * (static_cast<A>(widen(px[u].v[k])) - mu) * rs;
+          s2 += wdy;
+        }
+      }
+    }
+  }
+}
+
+// dx = rs * (w*dy - (xhat * c1 + c2)) with c1, c2 the per-element means of the sums.
+template <typename T, typename TW, typename A, int VEC, int BLOCK>
+__device__ __forceinline__ void dx_vectors(const T* __restrict__ dy, const T* __restrict__ x,
+                                           T* __restrict__ dx, const i64 nv, const int D,
+                                           const TW* __restrict__ w, const A mu, const A rs,
+                                           const A c1, const A c2) {
+  const int DV = D / VEC;
+  for (i64 v = threadIdx.x; v < nv; v += BLOCK) {
+    A gv[VEC], xv[VEC], wv[VEC], out[VEC];
+    load_pack<A, T, VEC>(dy + v * VEC, gv);
+    load_pack<A, T, VEC>(x + v * VEC, xv);
+    load_cols<A, TW, VEC>(w, static_cast<int>(v % DV) * VEC, A(1), wv);
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) {
+      const A xhat = (xv[k] - mu) * rs;
+      out[k] = rs * (wv[k] * gv[k] - (xhat * c1 + c2));
+    }
+    store_pack<T, A, VEC>(dx + v * VEC, out);
+  }
+}
+
+template <typename T, typename TW, typename I, int VEC, int BLOCK>
+__global__ void __launch_bounds__(BLOCK, 1)
+    jag_bwd_short(const T* __restrict__ dy, const T* __restrict__ x, const I* __restrict__ off,
+                  const i64 B, const int D, const TW* __restrict__ w,
+                  const typename AccOf<T>::type* __restrict__ mean,
+                  const typename AccOf<T>::type* __restrict__ rstd, T* __restrict__ dx,
+                  const i64 cap) {
+  typedef typename AccOf<T>::type A;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* sdy = reinterpret_cast<T*>(smem_raw);
+  T* sx = sdy + cap;
+  __shared__ A red[2 * (BLOCK / 32)];
+  for (i64 s = blockIdx.x; s < B; s += gridDim.x) {
+    const i64 r0 = off[s];
+    const i64 cnt = (static_cast<i64>(off[s + 1]) - r0) * D;
+    if (cnt > cap || cnt == 0) continue;
+    const i64 nv = cnt / VEC;
+    const A mu = mean[s], rs = rstd[s];
+    A s1, s2;
+    bwd_sums<T, TW, A, VEC, BLOCK, true>(dy + r0 * D, x + r0 * D, nv, D, w, mu, rs, sdy, sx, s1,
+                                         s2);
+    group_sum2<BLOCK>(s1, s2, red);
+    const A inv = A(1) / static_cast<A>(cnt);
+    dx_vectors<T, TW, A, VEC, BLOCK>(sdy, sx, dx + r0 * D, nv, D, w, mu, rs, s1 * inv, s2 * inv);
+  }
+}
+
+template <typename T, typename TW, typename I, int VEC, int BLOCK>
+__global__ void __launch_bounds__(BLOCK, 1)
+    jag_bwd_partial(const T* __restrict__ dy, const T* __restrict__ x, const I* __restrict__ off,
+                    const i64 B, const int D, const i64 R, const i64 cap,
+                    const TW* __restrict__ w, const typename AccOf<T>::type* __restrict__ mean,
+                    const typename AccOf<T>::type* __restrict__ rstd, Part* __restrict__ part) {
+  typedef typename AccOf<T>::type A;
+  __shared__ A red[2 * (BLOCK / 32)];
+  const i64 total = off[B];
+  const i64 chunks = (total + R - 1) / R;
+  for (i64 c = blockIdx.x; c < chunks; c += gridDim.x) {
+    const i64 row0 = c * R, row1 = row0 + R < total ? row0 + R : total;
+    int slot = 0;
+    for_long_in_chunk(off, B, D, cap, row0, row1, [&](i64 s, i64 r0, i64 r1) {
+      const i64 cnt = (r1 - r0) * D;
+      A s1, s2;
+      bwd_sums<T, TW, A, VEC, BLOCK, false>(dy + r0 * D, x + r0 * D, cnt / VEC, D, w, mean[s],
+                                            rstd[s], nullptr, nullptr, s1, s2);
+      group_sum2<BLOCK>(s1, s2, red);
+      if (threadIdx.x == 0) part[2 * c + slot] = Part{s, double(cnt), double(s1), double(s2)};
+      ++slot;
+    });
+    if (threadIdx.x == 0) {
+      for (; slot < 2; ++slot) part[2 * c + slot].seq = -1;
+    }
+  }
+}
+
+template <typename T, typename TW, typename I, int VEC, int BLOCK>
+__global__ void __launch_bounds__(BLOCK, 1)
+    jag_bwd_apply(const T* __restrict__ dy, const T* __restrict__ x, const I* __restrict__ off,
+                  const i64 B, const int D, const i64 R, const i64 cap, const TW* __restrict__ w,
+                  const typename AccOf<T>::type* __restrict__ mean,
+                  const typename AccOf<T>::type* __restrict__ rstd,
+                  const typename AccOf<T>::type* __restrict__ c1,
+                  const typename AccOf<T>::type* __restrict__ c2, T* __restrict__ dx) {
+  typedef typename AccOf<T>::type A;
+  const i64 total = off[B];
+  const i64 chunks = (total + R - 1) / R;
+  for (i64 c = blockIdx.x; c < chunks; c += gridDim.x) {
+    const i64 row0 = c * R, row1 = row0 + R < total ? row0 + R : total;
+    for_long_in_chunk(off, B, D, cap, row0, row1, [&](i64 s, i64 r0, i64 r1) {
+      dx_vectors<T, TW, A, VEC, BLOCK>(dy + r0 * D, x + r0 * D, dx + r0 * D, (r1 - r0) * D / VEC,
+                                       D, w, mean[s], rstd[s], c1[s], c2[s]);
+    });
+  }
+}
+
+// Per-row copies of the sequence statistics (for the dw/db column kernel): row r gets the
+// mean and rstd of the sequence that holds it.
+template <typename A, typename I>
+__global__ void __launch_bounds__(256, 1)
+    jag_expand_stats(const I* __restrict__ off, const i64 B, const A* __restrict__ mean,
+                     const A* __restrict__ rstd, A* __restrict__ row_mean,
+                     A* __restrict__ row_rstd) {
+  const i64 total = off[B];
+  for (i64 r = blockIdx.x * i64(256) + threadIdx.x; r < total; r += i64(gridDim.x) * 256) {
+    const i64 s = seq_of_row(off, B, r);
+    row_mean[r] = mean[s];
+    row_rstd[r] = rstd[s];
+  }
+}
+
+// Offsets check: flags[0] |= 1 when off[0] != 0, 2 when some off[i] > off[i + 1] (flags[1]:
+// the smallest such i), 4 when off[B] != total. flags start as {0, ~0}.
+template <typename I>
+__global__ void __launch_bounds__(256, 1)
+    jag_check_offsets(const I* __restrict__ off, const i64 B, const i64 total,
+                      unsigned long long* __restrict__ flags) {
+  const i64 tid = blockIdx.x * i64(256) + threadIdx.x;
+  if (tid == 0) {
+    if (off[0] != 0) atomicOr(flags, 1ull);
+    if (static_cast<i64>(off[B]) != total) atomicOr(flags, 4ull);
+  }
+  for (i64 i = tid; i < B; i += i64(gridDim.x) * 256) {
+    if (off[i] > off[i + 1]) {
+      atomicOr(flags, 2ull);
+      atomicMin(flags + 1, static_cast<unsigned long long>(i));
+    }
+  }
+}
+
+}  // namespace cupyln
