@@ -236,6 +236,33 @@ def _current_stream() -> int:
     return _cupy().cuda.get_current_stream().ptr
 
 
+class _RawStream:
+    """A raw CUstream in the CUDA stream protocol (what ``cupy.cuda.Stream.from_external``
+    takes)."""
+
+    __slots__ = ("ptr",)
+
+    def __init__(self, ptr: int):
+        self.ptr = ptr
+
+    def __cuda_stream__(self):
+        return (0, self.ptr)
+
+
+_external_streams: dict = {}
+
+
+def external_stream(device_id: int, ptr: int):
+    """CuPy's Stream for a framework's raw stream ``ptr`` on ``device_id`` (cached): made
+    current, CuPy's pool allocations and the CuPy calls inside are ordered on it. Call with
+    ``device_id`` current."""
+    s = _external_streams.get((device_id, ptr))
+    if s is None:
+        s = _cupy().cuda.Stream.from_external(_RawStream(ptr))
+        _external_streams[(device_id, ptr)] = s
+    return s
+
+
 def describe(x, w=None, b=None) -> dict:
     """Which kernels ``forward(x, w, b)`` and ``backward`` run for these arrays, with their
     launch shape, registers per thread and resident blocks on the device (for benchmarks)."""

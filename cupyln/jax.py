@@ -52,19 +52,6 @@ def _ptr(buf) -> int:
     return iface["data"][0]
 
 
-_streams: dict = {}
-
-
-def _cupy_stream(device: int, stream: int):
-    """CuPy's view of XLA's stream (cached), so pool allocations are ordered on it."""
-    import cupy
-
-    s = _streams.get((device, stream))
-    if s is None:
-        s = _streams[(device, stream)] = cupy.cuda.Stream.from_external(stream, device)
-    return s
-
-
 def _device_of(ptr: int) -> int:
     import cupy
 
@@ -105,7 +92,7 @@ def _forward_call(m, n, x_dtype, w_dtype, b_dtype, eps):
         w = wb.pop(0) if w_dtype is not None else None
         b = wb.pop(0) if b_dtype is not None else None
         keep: list = []
-        with _api._OnDevice(dev), _cupy_stream(dev, ctx.stream):
+        with _api._OnDevice(dev), _api.external_stream(dev, ctx.stream):
             w_ptr = 0 if w is None else _aligned(_ptr(w), n * w_dtype.itemsize, keep)
             b_ptr = 0 if b is None else _aligned(_ptr(b), n * b_dtype.itemsize, keep)
             _api.launch_forward(
@@ -134,7 +121,7 @@ def _backward_call(m, n, x_dtype, w_dtype, db_dtype):
         x_ptr, dy_ptr, dx_ptr = _ptr(x), _ptr(dy), _ptr(dx)
         dev = _device_of(x_ptr)
         keep: list = []
-        with _api._OnDevice(dev), _cupy_stream(dev, ctx.stream):
+        with _api._OnDevice(dev), _api.external_stream(dev, ctx.stream):
             w_ptr = _aligned(_ptr(w[0]), n * wdt.itemsize, keep) if w else 0
             vec = _api.backward_vector_width(x_dtype, n, n, n, (x_ptr, dy_ptr, dx_ptr))
             count = _api.backward_workspace(dev, m, n, x_dtype, wdt, db_dtype, vec)

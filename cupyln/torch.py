@@ -297,21 +297,15 @@ class _OnTorchStream:
     """torch's current stream (and the tensor's device) as CuPy's current ones in the block:
     the jagged bridge calls the CuPy API on zero-copy DLPack views."""
 
-    _cache: dict = {}
-
     def __init__(self, device: torch.device):
         import cupy
 
-        index = device.index
-        ptr = _stream(index)
-        stream = self._cache.get((index, ptr))
-        if stream is None:
-            stream = self._cache[(index, ptr)] = cupy.cuda.Stream.from_external(ptr, index)
-        self._device = cupy.cuda.Device(index)
-        self._stream = stream
+        self._device = cupy.cuda.Device(device.index)
+        self._index = device.index
 
     def __enter__(self):
         self._device.__enter__()
+        self._stream = _api.external_stream(self._index, _stream(self._index))
         self._stream.__enter__()
 
     def __exit__(self, *exc):
