@@ -5,7 +5,7 @@ compiled at run time with NVRTC.
     dx, dw, db = cupyln.backward(dy, x, w, mean, rstd)
 """
 
-from ._api import backward, forward, layer_norm
+from ._api import backward, describe, forward, layer_norm
 from ._jagged import jagged_backward, jagged_forward, jagged_layer_norm
 
 __version__ = "0.1.0"
@@ -16,5 +16,6 @@ __all__ = [
     "jagged_forward",
     "jagged_backward",
     "jagged_layer_norm",
+    "describe",
     "__version__",
 ]

@@ -22,6 +22,7 @@ import numpy
 
 from . import _compile, _launch
 from ._driver import Launcher
+from ._driver import _driver as _driver_api
 from ._dtypes import SUPPORTED_NAMES, TABLE, acc_dtype
 
 _u64 = numpy.uint64  # a pointer kernel argument (0: null)
@@ -29,10 +30,15 @@ _MAX_N = 2**31 - 2**16  # columns are int32 in the kernels, with room for one bl
 
 
 # ------------------------------------------------------------------------ validation
-def _cupy():
-    import cupy
+_modules: list = []  # [cupy], imported on first use (importing cupyln needs no CuPy)
 
-    return cupy
+
+def _cupy():
+    if not _modules:
+        import cupy
+
+        _modules.append(cupy)
+    return _modules[0]
 
 
 def _check_array(a, name: str, device_id: int | None = None) -> None:
@@ -222,6 +228,10 @@ class _OnDevice:
         self._ctx = None
         if cupy.cuda.runtime.getDevice() != device_id:
             self._ctx = cupy.cuda.Device(device_id)
+        elif not _driver_api().ctxGetCurrent():
+            # a thread that has not used CUDA yet (torch's autograd thread, XLA's callback
+            # thread): the driver-level launch needs the device's context made current
+            cupy.cuda.runtime.setDevice(device_id)
 
     def __enter__(self):
         if self._ctx is not None:
@@ -368,6 +378,12 @@ class _Call(NamedTuple):
     w_dtype: numpy.dtype
     b_dtype: numpy.dtype  # forward: b's; backward: db's
     offsets: tuple  # byte offsets of the outputs in their one allocation, and its size
+    # forward only: the launch, valid while x's pointer has no bits of x_align set
+    launch: object = None
+    grid: int = 0
+    block: int = 0
+    smem: int = 0
+    x_align: int = 0
 
 
 _forward_calls: dict = {}
@@ -413,17 +429,26 @@ def forward(x, w=None, b=None, eps=1e-5, *, out=None):
         except AttributeError:  # not arrays: the checks below say what came
             call = None
         if call is not None:
-            w_ptr, b_ptr = _ptr(w), _ptr(b)
-            if not (w_ptr | b_ptr) & 63 and _cupy().cuda.runtime.getDevice() == call.dev:
-                mem = _allocate(call.offsets[2])
+            cupy = _modules[0]
+            x_ptr = x.data.ptr
+            w_ptr = 0 if w is None else w.data.ptr
+            b_ptr = 0 if b is None else b.data.ptr
+            if (
+                not ((w_ptr | b_ptr) & 63 or x_ptr & call.x_align)
+                and cupy.cuda.runtime.getDevice() == call.dev
+                and _driver_api().ctxGetCurrent()
+            ):
+                o1, o2, size = call.offsets
+                mem = cupy.cuda.alloc(size)
                 y_ptr = mem.ptr
-                launch_forward(call.dev, call.m, call.n, x.data.ptr, call.x_stride, call.dtype,
-                               y_ptr, w_ptr, call.w_dtype, b_ptr, call.b_dtype,
-                               y_ptr + call.offsets[0], y_ptr + call.offsets[1], eps)  # fmt: skip
+                call.launch(call.grid, call.block, call.smem, cupy.cuda.get_current_stream().ptr,
+                            x_ptr, call.x_stride, y_ptr, w_ptr, b_ptr, y_ptr + o1, y_ptr + o2,
+                            call.m, call.n, eps)  # fmt: skip
+                nd = cupy.ndarray
                 return (
-                    _ndarray(call.shape, call.dtype, mem, 0),
-                    _ndarray(call.lead, call.acc, mem, call.offsets[0]),
-                    _ndarray(call.lead, call.acc, mem, call.offsets[1]),
+                    nd(call.shape, call.dtype, mem),
+                    nd(call.lead, call.acc, mem + o1),
+                    nd(call.lead, call.acc, mem + o2),
                 )
     return _forward_checked(x, w, b, eps, out)
 
@@ -456,8 +481,12 @@ def _forward_checked(x, w, b, eps, out):
             rstd = _ndarray(lead, acc, mem, offsets[1])
             in_place = x2 is x and w2 is w and b2 is b
             if in_place and len(_forward_calls) < _MAX_CALLS:
+                vec = _vector_width(x.itemsize, n, (stride,), x.data.ptr & 15)
+                k, plan, cap = _forward_launch(dev, n, x.dtype, wdt, bdt, vec)
                 _forward_calls[(_akey(x), _vkey(w), _vkey(b))] = _Call(
-                    dev, m, n, x.shape, lead, x.dtype, acc, stride, 0, wdt, bdt, offsets
+                    dev, m, n, x.shape, lead, x.dtype, acc, stride, 0, wdt, bdt, offsets, k,
+                    _launch.grid_size(m, plan.rows, cap), plan.block, plan.smem,
+                    vec * x.itemsize - 1,
                 )
         cupy = _cupy()
         y = cupy.empty(x.shape, x.dtype) if y is None else y

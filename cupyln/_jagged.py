@@ -27,13 +27,14 @@ _PART_BYTES = 32  # struct Part in jagged.cu: int64 seq, double n, a, b
 
 # parameter layouts (see _driver): Q pointer, q int64, i int32, f/d the arithmetic type
 _ARGS = {
-    "fwd_short": "QQqiQQQQQ{e}q",  # x, off, B, D, y, w, b, mean, rstd, eps, cap
-    "fwd_partial": "QQqiqqQ",  # x, off, B, D, R, cap, part
-    "combine": "QqiqqQQQQ{e}",  # off, B, D, R, cap, part, o1, o2, mean64, eps
-    "fwd_apply": "QQqiqqQQQQQ",  # x, off, B, D, R, cap, y, w, b, mean64, rstd
-    "bwd_short": "QQQqiQQQQq",  # dy, x, off, B, D, w, mean, rstd, dx, cap
-    "bwd_partial": "QQQqiqqQQQQ",  # dy, x, off, B, D, R, cap, w, mean, rstd, part
-    "bwd_apply": "QQQqiqqQQQQQQ",  # dy, x, off, B, D, R, cap, w, mean, rstd, c1, c2, dx
+    # ... and every kernel but expand/check ends with has_long
+    "fwd_short": "QQqiQQQQQ{e}qQ",  # x, off, B, D, y, w, b, mean, rstd, eps, cap
+    "fwd_partial": "QQqiqqQQ",  # x, off, B, D, R, cap, part
+    "combine": "QqiqqQQQQ{e}Q",  # off, B, D, R, cap, part, o1, o2, mean64, eps
+    "fwd_apply": "QQqiqqQQQQQQ",  # x, off, B, D, R, cap, y, w, b, mean64, rstd
+    "bwd_short": "QQQqiQQQQqQ",  # dy, x, off, B, D, w, mean, rstd, dx, cap
+    "bwd_partial": "QQQqiqqQQQQQ",  # dy, x, off, B, D, R, cap, w, mean, rstd, part
+    "bwd_apply": "QQQqiqqQQQQQQQ",  # dy, x, off, B, D, R, cap, w, mean, rstd, c1, c2, dx
     "expand": "QqQQQQ",  # off, B, mean, rstd, row_mean, row_rstd
     "check": "QqqQ",  # off, B, total, flags
 }
@@ -179,17 +180,20 @@ def jagged_forward(values, offsets, w=None, b=None, eps=1e-6, *, max_seqlen=None
         x_ptr, o_ptr, y_ptr = values.data.ptr, offsets.data.ptr, y.data.ptr
         m_ptr, r_ptr, w_ptr, b_ptr = mean.data.ptr, rstd.data.ptr, _ptr(w), _ptr(b)
         p = k.fwd
+        chunks = -(-total // p.rows)
+        # the long path's scratch: has_long flag, chunk records, the long sequences' exact means
+        part = cupy.cuda.alloc(16 + 2 * chunks * _PART_BYTES + 8 * nseq)
+        flag, recs = part.ptr, part.ptr + 16
+        mean64 = recs + 2 * chunks * _PART_BYTES
+        cupy.cuda.runtime.memsetAsync(flag, 0, 4, stream)
         k("fwd_short", nseq, stream, x_ptr, o_ptr, nseq, d, y_ptr, w_ptr, b_ptr, m_ptr, r_ptr,
-          eps, p.cap)  # fmt: skip
+          eps, p.cap, flag)  # fmt: skip
         if total:
-            chunks = -(-total // p.rows)
-            part = cupy.cuda.alloc(2 * chunks * _PART_BYTES + 8 * nseq)
-            mean64 = part.ptr + 2 * chunks * _PART_BYTES  # the long sequences' exact means
-            k("fwd_partial", chunks, stream, x_ptr, o_ptr, nseq, d, p.rows, p.cap, part.ptr)
-            k("fwd_combine", nseq, stream, o_ptr, nseq, d, p.rows, p.cap, part.ptr, m_ptr,
-              r_ptr, mean64, eps)  # fmt: skip
+            k("fwd_partial", chunks, stream, x_ptr, o_ptr, nseq, d, p.rows, p.cap, recs, flag)
+            k("fwd_combine", nseq, stream, o_ptr, nseq, d, p.rows, p.cap, recs, m_ptr, r_ptr,
+              mean64, eps, flag)  # fmt: skip
             k("fwd_apply", chunks, stream, x_ptr, o_ptr, nseq, d, p.rows, p.cap, y_ptr, w_ptr,
-              b_ptr, mean64, r_ptr)  # fmt: skip
+              b_ptr, mean64, r_ptr, flag)  # fmt: skip
     return y, mean, rstd
 
 
@@ -251,17 +255,19 @@ def jagged_backward(dy, values, offsets, w, mean, rstd, *, bias_dtype=None, max_
         x_ptr, g_ptr, dx_ptr = ptrs
         o_ptr, w_ptr, m_ptr, r_ptr = offsets.data.ptr, _ptr(w), mean.data.ptr, rstd.data.ptr
         p = k.bwd
-        k("bwd_short", nseq, stream, g_ptr, x_ptr, o_ptr, nseq, d, w_ptr, m_ptr, r_ptr, dx_ptr,
-          p.cap)  # fmt: skip
         chunks = -(-total // p.rows)
-        part = cupy.cuda.alloc(2 * chunks * _PART_BYTES)
+        part = cupy.cuda.alloc(16 + 2 * chunks * _PART_BYTES)
+        flag, recs = part.ptr, part.ptr + 16
+        cupy.cuda.runtime.memsetAsync(flag, 0, 4, stream)
+        k("bwd_short", nseq, stream, g_ptr, x_ptr, o_ptr, nseq, d, w_ptr, m_ptr, r_ptr, dx_ptr,
+          p.cap, flag)  # fmt: skip
         coef = cupy.empty((2, nseq), acc)
         c1, c2 = coef.data.ptr, coef.data.ptr + nseq * acc.itemsize
         k("bwd_partial", chunks, stream, g_ptr, x_ptr, o_ptr, nseq, d, p.rows, p.cap, w_ptr,
-          m_ptr, r_ptr, part.ptr)  # fmt: skip
-        k("bwd_combine", nseq, stream, o_ptr, nseq, d, p.rows, p.cap, part.ptr, c1, c2, 0, 0.0)
+          m_ptr, r_ptr, recs, flag)  # fmt: skip
+        k("bwd_combine", nseq, stream, o_ptr, nseq, d, p.rows, p.cap, recs, c1, c2, 0, 0.0, flag)
         k("bwd_apply", chunks, stream, g_ptr, x_ptr, o_ptr, nseq, d, p.rows, p.cap, w_ptr, m_ptr,
-          r_ptr, c1, c2, dx_ptr)  # fmt: skip
+          r_ptr, c1, c2, dx_ptr, flag)  # fmt: skip
         # dw/db: column sums over all rows, with each row's sequence statistics
         rows = cupy.empty((2, total), acc)
         rm, rr = rows.data.ptr, rows.data.ptr + total * acc.itemsize

@@ -82,6 +82,16 @@ def _torch_provider():
     return torch, fwd, bwd
 
 
+def _compile_provider():
+    """torch.compile (Inductor) of aten's layer norm forward and backward: Inductor decomposes
+    both and generates its own Triton kernels. None without torch/CUDA."""
+    tp = _torch_provider()
+    if tp is None:
+        return None
+    torch, fwd, bwd = tp
+    return torch, torch.compile(fwd, dynamic=False), torch.compile(bwd, dynamic=False)
+
+
 def _inputs(m: int, n: int, dtype):
     x = ref.sample((m, n), dtype, seed=n)
     w = ref.sample((n,), dtype, loc=1.0, scale=0.2, seed=n + 1)
@@ -114,20 +124,25 @@ def run(
     ns=DEFAULT_NS,
     with_torch: bool = True,
     progress: Callable[[Row], None] | None = None,
+    with_compile: bool = False,
 ):
-    """Sweep N at M = elements // N; returns (copy GB/s, [Row]) for cupyln (and torch)."""
+    """Sweep N at M = elements // N; returns (copy GB/s, [Row]) for cupyln, torch and (with
+    ``with_compile``, about 20 s of compiling per width) torch.compile."""
     import cupy
 
     dtype = numpy.dtype(dtype)
     copy = copy_bandwidth()
     rows = []
     tp = _torch_provider() if with_torch else None
+    cp = _compile_provider() if with_compile else None
     for n in ns:
         m = max(1, elements // n)
         data = _inputs(m, n, dtype)
         results = [("cupyln", *_time_cupyln(*data))]
         if tp is not None:
             results.append(("torch", *_time_torch(tp, *data)))
+        if cp is not None:
+            results.append(("torch.compile", *_time_torch(cp, *data)))
         nbytes = m * n * dtype.itemsize
         shapes = _api.describe(*data[:3])
         kernels = f"fwd: {shapes['forward']}; bwd: {shapes['backward']}"
@@ -383,11 +398,20 @@ def as_dicts(rows):
 
 
 def plot(rows, path, copy_gbs=None, title=""):
-    """Write a PNG of GB/s against N (log scale), forward and backward side by side, one line
-    per provider, the copy bandwidth as a dashed ceiling. ``rows``: Rows or their dicts."""
+    """Write ``figure(rows, copy_gbs, title)`` to the PNG ``path`` (no display needed)."""
     import matplotlib
 
     matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig = figure(rows, copy_gbs, title)
+    fig.savefig(path, dpi=100, bbox_inches="tight")
+    plt.close(fig)
+
+
+def figure(rows, copy_gbs=None, title=""):
+    """GB/s against N (log scale), forward and backward side by side, one line per provider,
+    the copy bandwidth as a dashed ceiling. ``rows``: Rows or their dicts."""
     import matplotlib.pyplot as plt
 
     rows = as_dicts(rows)
@@ -406,5 +430,4 @@ def plot(rows, path, copy_gbs=None, title=""):
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("GB/s")
     axes[0].legend()
-    fig.savefig(path, dpi=100, bbox_inches="tight")
-    plt.close(fig)
+    return fig

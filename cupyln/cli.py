@@ -163,7 +163,8 @@ def cmd_bench(args) -> int:
             if r.provider == "cupyln":
                 tick()
 
-        copy, rows = bench.run(args.dtype, 2**args.log2_elements, ns, not args.no_torch, step)
+        copy, rows = bench.run(args.dtype, 2**args.log2_elements, ns, not args.no_torch, step,
+                               args.compile)  # fmt: skip
     print(f"device-to-device copy: {copy:.0f} GB/s (read + write)")
     if args.csv:
         with open(args.csv, "w", newline="") as f:
@@ -243,6 +244,7 @@ def main(argv=None) -> int:
     b.add_argument("--log2-elements", type=int, default=27, help="M*N = 2**this (default 27)")
     b.add_argument("--n", default="", help="comma-separated row widths (default: the sweep)")
     b.add_argument("--no-torch", action="store_true", help="skip the torch comparison")
+    b.add_argument("--compile", action="store_true", help="add torch.compile (slow to compile)")
     b.add_argument("--overhead", action="store_true", help="CPU time per call, tiny arrays")
     b.add_argument("--jagged", action="store_true", help="the jagged sweep (Helion's batches)")
     b.add_argument("--train", action="store_true", help="training step time, torch vs cupyln")

@@ -16,6 +16,8 @@
 //     own slots. A second kernel combines a long sequence's chunk records in chunk order
 //     (Chan's formula for mean/M2, in double) with a fixed-order tree, so results are
 //     deterministic; a third applies the statistics chunk by chunk. x is read twice there.
+//     The block-per-sequence kernel raises *has_long when it skips a sequence; the chunk
+//     kernels return at once when nothing was skipped.
 // Statistics are exact for large-mean data: sums are taken of x minus the share's first
 // element, and the long path applies the mean in double.
 // Backward: dx = rstd * (w*dy - (xhat * sum(w*dy*xhat) + sum(w*dy)) / (L*D)) per sequence, by
@@ -44,7 +46,7 @@ __device__ __forceinline__ i64 seq_of_row(const I* __restrict__ off, const i64 B
 }
 
 template <typename T, int VEC>
-__device__ __forceinline__ Pack<T, VEC> ld(const T* __restrict__ p, const i64 v) {
+__device__ __forceinline__ Pack<T, VEC> ld(const T* __restrict__ p, const int v) {
   return reinterpret_cast<const Pack<T, VEC>*>(p)[v];
 }
 
@@ -60,24 +62,38 @@ __device__ __forceinline__ void load_cols(const TW* __restrict__ w, const int c,
   }
 }
 
+// The column (in vectors) of vectors v = start, start + stride, ... of rows of dv vectors,
+// one call of next() per vector in that order: no division inside the loops.
+struct ColumnWalk {
+  int c, step, dv;
+  __device__ __forceinline__ ColumnWalk(const int start, const int stride, const int dv_)
+      : c(start % dv_), step(stride % dv_), dv(dv_) {}
+  __device__ __forceinline__ int next() {
+    const int r = c;
+    c += step;
+    if (c >= dv) c -= dv;
+    return r;
+  }
+};
+
 // ============================================================================ forward
 // Sum of (x - k) over the nv vectors of p[0 .. nv*VEC) owned by this thread (v = tid,
 // tid + BLOCK, ...), four loads in flight; stores each vector to stage[v] when STAGE. The shift
 // k (the share's first element) keeps large-mean data exact, as in layer_norm_fwd.cu.
 template <typename T, typename A, int VEC, int BLOCK, bool STAGE>
-__device__ __forceinline__ A sum_vectors(const T* __restrict__ p, const i64 nv, const A k0,
+__device__ __forceinline__ A sum_vectors(const T* __restrict__ p, const int nv, const A k0,
                                          T* stage) {
   A sum = 0;
-  for (i64 v0 = threadIdx.x; v0 < nv; v0 += 4 * BLOCK) {
+  for (int v0 = threadIdx.x; v0 < nv; v0 += 4 * BLOCK) {
     Pack<T, VEC> pk[4];
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
-      const i64 v = v0 + u * BLOCK;
+      const int v = v0 + u * BLOCK;
       if (v < nv) pk[u] = ld<T, VEC>(p, v);
     }
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
-      const i64 v = v0 + u * BLOCK;
+      const int v = v0 + u * BLOCK;
       if (v < nv) {
         if constexpr (STAGE) reinterpret_cast<Pack<T, VEC>*>(stage)[v] = pk[u];
 #pragma unroll
@@ -89,19 +105,19 @@ __device__ __forceinline__ A sum_vectors(const T* __restrict__ p, const i64 nv, 
 }
 
 template <typename T, typename A, int VEC, int BLOCK>
-__device__ __forceinline__ A sq_dev_vectors(const T* __restrict__ p, const i64 nv, const A k0,
+__device__ __forceinline__ A sq_dev_vectors(const T* __restrict__ p, const int nv, const A k0,
                                             const A mu) {
   A sq = 0;
-  for (i64 v0 = threadIdx.x; v0 < nv; v0 += 4 * BLOCK) {
+  for (int v0 = threadIdx.x; v0 < nv; v0 += 4 * BLOCK) {
     Pack<T, VEC> pk[4];
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
-      const i64 v = v0 + u * BLOCK;
+      const int v = v0 + u * BLOCK;
       if (v < nv) pk[u] = ld<T, VEC>(p, v);
     }
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
-      const i64 v = v0 + u * BLOCK;
+      const int v = v0 + u * BLOCK;
       if (v < nv) {
 #pragma unroll
         for (int k = 0; k < VEC; ++k) {
@@ -119,21 +135,27 @@ __device__ __forceinline__ A sq_dev_vectors(const T* __restrict__ p, const i64 n
 // (k = 0, mu the exact mean) where no shift is at hand.
 template <typename T, typename TW, typename TB, typename A, typename M, int VEC, int BLOCK>
 __device__ __forceinline__ void apply_vectors(const T* __restrict__ src, T* __restrict__ dst,
-                                              const i64 nv, const int D, const M k0, const M mu,
+                                              const int nv, const int D, const M k0, const M mu,
                                               const A rs, const TW* __restrict__ w,
                                               const TB* __restrict__ b) {
-  const int DV = D / VEC;
-  for (i64 v = threadIdx.x; v < nv; v += BLOCK) {
-    const int c = static_cast<int>(v % DV) * VEC;
+  ColumnWalk col(threadIdx.x, BLOCK, D / VEC);
+  const bool affine = w != nullptr || b != nullptr;
+  for (int v = threadIdx.x; v < nv; v += BLOCK) {
     A xv[VEC], wv[VEC], bv[VEC], out[VEC];
-    load_pack<A, T, VEC>(src + v * VEC, xv);
-    load_cols<A, TW, VEC>(w, c, A(1), wv);
-    load_cols<A, TB, VEC>(b, c, A(0), bv);
+    load_pack<A, T, VEC>(src + static_cast<i64>(v) * VEC, xv);
+    if (affine) {
+      const int c = col.next() * VEC;
+      load_cols<A, TW, VEC>(w, c, A(1), wv);
+      load_cols<A, TB, VEC>(b, c, A(0), bv);
+    } else {
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) wv[k] = A(1), bv[k] = A(0);
+    }
 #pragma unroll
     for (int k = 0; k < VEC; ++k) {
       out[k] = static_cast<A>((static_cast<M>(xv[k]) - k0) - mu) * rs * wv[k] + bv[k];
     }
-    store_pack<T, A, VEC>(dst + v * VEC, out);
+    store_pack<T, A, VEC>(dst + static_cast<i64>(v) * VEC, out);
   }
 }
 
@@ -143,7 +165,8 @@ __global__ void __launch_bounds__(BLOCK, 1)
                   T* __restrict__ y, const TW* __restrict__ w, const TB* __restrict__ b,
                   typename AccOf<T>::type* __restrict__ mean,
                   typename AccOf<T>::type* __restrict__ rstd,
-                  const typename AccOf<T>::type eps, const i64 cap) {
+                  const typename AccOf<T>::type eps, const i64 cap,
+                  unsigned* __restrict__ has_long) {
   typedef typename AccOf<T>::type A;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* stage = reinterpret_cast<T*>(smem_raw);
@@ -151,7 +174,10 @@ __global__ void __launch_bounds__(BLOCK, 1)
   for (i64 s = blockIdx.x; s < B; s += gridDim.x) {
     const i64 r0 = off[s];
     const i64 cnt = (static_cast<i64>(off[s + 1]) - r0) * D;
-    if (cnt > cap) continue;  // a long sequence: the chunk kernels
+    if (cnt > cap) {  // a long sequence: the chunk kernels
+      if (threadIdx.x == 0) *has_long = 1u;
+      continue;
+    }
     if (cnt == 0) {
       if (threadIdx.x == 0) {
         mean[s] = A(0);
@@ -159,7 +185,7 @@ __global__ void __launch_bounds__(BLOCK, 1)
       }
       continue;
     }
-    const i64 nv = cnt / VEC;
+    const int nv = static_cast<int>(cnt / VEC);
     const A k0 = static_cast<A>(widen(x[r0 * D]));
     const A mu =
         group_sum<BLOCK>(sum_vectors<T, A, VEC, BLOCK, true>(x + r0 * D, nv, k0, stage), red) /
@@ -198,16 +224,19 @@ __device__ __forceinline__ void for_long_in_chunk(const I* __restrict__ off, con
 template <typename T, typename I, int VEC, int BLOCK>
 __global__ void __launch_bounds__(BLOCK, 1)
     jag_fwd_partial(const T* __restrict__ x, const I* __restrict__ off, const i64 B, const int D,
-                    const i64 R, const i64 cap, Part* __restrict__ part) {
+                    const i64 R, const i64 cap, Part* __restrict__ part,
+                    const unsigned* __restrict__ has_long) {
   typedef typename AccOf<T>::type A;
   __shared__ A red[BLOCK / 32];
+  if (*has_long == 0u) return;  // every sequence took the block-per-sequence path
   const i64 total = off[B];
   const i64 chunks = (total + R - 1) / R;
   for (i64 c = blockIdx.x; c < chunks; c += gridDim.x) {
     const i64 row0 = c * R, row1 = row0 + R < total ? row0 + R : total;
     int slot = 0;
     for_long_in_chunk(off, B, D, cap, row0, row1, [&](i64 s, i64 r0, i64 r1) {
-      const i64 cnt = (r1 - r0) * D, nv = cnt / VEC;
+      const i64 cnt = (r1 - r0) * D;
+      const int nv = static_cast<int>(cnt / VEC);
       const T* p = x + r0 * D;
       const A k0 = static_cast<A>(widen(p[0]));
       const A mu =
@@ -243,8 +272,9 @@ template <typename A, typename I, bool FORWARD, int BLOCK>
 __global__ void __launch_bounds__(BLOCK, 1)
     jag_combine(const I* __restrict__ off, const i64 B, const int D, const i64 R, const i64 cap,
                 const Part* __restrict__ part, A* __restrict__ o1, A* __restrict__ o2,
-                double* __restrict__ mean64, const A eps) {
+                double* __restrict__ mean64, const A eps, const unsigned* __restrict__ has_long) {
   __shared__ double sn[BLOCK], sa[BLOCK], sb[BLOCK];
+  if (*has_long == 0u) return;
   for (i64 s = blockIdx.x; s < B; s += gridDim.x) {
     const i64 a = off[s], e = off[s + 1];
     if ((e - a) * D <= cap) continue;
@@ -292,15 +322,17 @@ __global__ void __launch_bounds__(BLOCK, 1)
     jag_fwd_apply(const T* __restrict__ x, const I* __restrict__ off, const i64 B, const int D,
                   const i64 R, const i64 cap, T* __restrict__ y, const TW* __restrict__ w,
                   const TB* __restrict__ b, const double* __restrict__ mean64,
-                  const typename AccOf<T>::type* __restrict__ rstd) {
+                  const typename AccOf<T>::type* __restrict__ rstd,
+                  const unsigned* __restrict__ has_long) {
   typedef typename AccOf<T>::type A;
+  if (*has_long == 0u) return;
   const i64 total = off[B];
   const i64 chunks = (total + R - 1) / R;
   for (i64 c = blockIdx.x; c < chunks; c += gridDim.x) {
     const i64 row0 = c * R, row1 = row0 + R < total ? row0 + R : total;
     for_long_in_chunk(off, B, D, cap, row0, row1, [&](i64 s, i64 r0, i64 r1) {
       apply_vectors<T, TW, TB, A, double, VEC, BLOCK>(x + r0 * D, y + r0 * D,
-                                                      (r1 - r0) * D / VEC, D, 0.0, mean64[s],
+                                                      int((r1 - r0) * D / VEC), D, 0.0, mean64[s],
                                                       rstd[s], w, b);
     });
   }
@@ -310,16 +342,16 @@ __global__ void __launch_bounds__(BLOCK, 1)
 // (sum(w*dy*xhat), sum(w*dy)) over this thread's vectors; stages x and dy when STAGE.
 template <typename T, typename TW, typename A, int VEC, int BLOCK, bool STAGE>
 __device__ __forceinline__ void bwd_sums(const T* __restrict__ dy, const T* __restrict__ x,
-                                         const i64 nv, const int D, const TW* __restrict__ w,
+                                         const int nv, const int D, const TW* __restrict__ w,
                                          const A mu, const A rs, T* sdy, T* sx, A& s1, A& s2) {
-  const int DV = D / VEC;
+  ColumnWalk col(threadIdx.x, BLOCK, D / VEC);
   s1 = 0;
   s2 = 0;
-  for (i64 v0 = threadIdx.x; v0 < nv; v0 += 2 * BLOCK) {
+  for (int v0 = threadIdx.x; v0 < nv; v0 += 2 * BLOCK) {
     Pack<T, VEC> pg[2], px[2];
 #pragma unroll
     for (int u = 0; u < 2; ++u) {
-      const i64 v = v0 + u * BLOCK;
+      const int v = v0 + u * BLOCK;
       if (v < nv) {
         pg[u] = ld<T, VEC>(dy, v);
         px[u] = ld<T, VEC>(x, v);
@@ -327,14 +359,19 @@ __device__ __forceinline__ void bwd_sums(const T* __restrict__ dy, const T* __re
     }
 #pragma unroll
     for (int u = 0; u < 2; ++u) {
-      const i64 v = v0 + u * BLOCK;
+      const int v = v0 + u * BLOCK;
       if (v < nv) {
         if constexpr (STAGE) {
           reinterpret_cast<Pack<T, VEC>*>(sdy)[v] = pg[u];
           reinterpret_cast<Pack<T, VEC>*>(sx)[v] = px[u];
         }
         A wv[VEC];
-        load_cols<A, TW, VEC>(w, static_cast<int>(v % DV) * VEC, A(1), wv);
+        if (w != nullptr) {
+          load_cols<A, TW, VEC>(w, col.next() * VEC, A(1), wv);
+        } else {
+#pragma unroll
+          for (int k = 0; k < VEC; ++k) wv[k] = A(1);
+        }
 #pragma unroll
         for (int k = 0; k < VEC; ++k) {
           const A wdy = wv[k] * static_cast<A>(widen(pg[u].v[k]));
@@ -349,21 +386,27 @@ __device__ __forceinline__ void bwd_sums(const T* __restrict__ dy, const T* __re
 // dx = rs * (w*dy - (xhat * c1 + c2)) with c1, c2 the per-element means of the sums.
 template <typename T, typename TW, typename A, int VEC, int BLOCK>
 __device__ __forceinline__ void dx_vectors(const T* __restrict__ dy, const T* __restrict__ x,
-                                           T* __restrict__ dx, const i64 nv, const int D,
+                                           T* __restrict__ dx, const int nv, const int D,
                                            const TW* __restrict__ w, const A mu, const A rs,
                                            const A c1, const A c2) {
-  const int DV = D / VEC;
-  for (i64 v = threadIdx.x; v < nv; v += BLOCK) {
+  ColumnWalk col(threadIdx.x, BLOCK, D / VEC);
+  for (int v = threadIdx.x; v < nv; v += BLOCK) {
     A gv[VEC], xv[VEC], wv[VEC], out[VEC];
-    load_pack<A, T, VEC>(dy + v * VEC, gv);
-    load_pack<A, T, VEC>(x + v * VEC, xv);
-    load_cols<A, TW, VEC>(w, static_cast<int>(v % DV) * VEC, A(1), wv);
+    const i64 o = static_cast<i64>(v) * VEC;
+    load_pack<A, T, VEC>(dy + o, gv);
+    load_pack<A, T, VEC>(x + o, xv);
+    if (w != nullptr) {
+      load_cols<A, TW, VEC>(w, col.next() * VEC, A(1), wv);
+    } else {
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) wv[k] = A(1);
+    }
 #pragma unroll
     for (int k = 0; k < VEC; ++k) {
       const A xhat = (xv[k] - mu) * rs;
       out[k] = rs * (wv[k] * gv[k] - (xhat * c1 + c2));
     }
-    store_pack<T, A, VEC>(dx + v * VEC, out);
+    store_pack<T, A, VEC>(dx + o, out);
   }
 }
 
@@ -373,7 +416,7 @@ __global__ void __launch_bounds__(BLOCK, 1)
                   const i64 B, const int D, const TW* __restrict__ w,
                   const typename AccOf<T>::type* __restrict__ mean,
                   const typename AccOf<T>::type* __restrict__ rstd, T* __restrict__ dx,
-                  const i64 cap) {
+                  const i64 cap, unsigned* __restrict__ has_long) {
   typedef typename AccOf<T>::type A;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* sdy = reinterpret_cast<T*>(smem_raw);
@@ -382,8 +425,9 @@ __global__ void __launch_bounds__(BLOCK, 1)
   for (i64 s = blockIdx.x; s < B; s += gridDim.x) {
     const i64 r0 = off[s];
     const i64 cnt = (static_cast<i64>(off[s + 1]) - r0) * D;
+    if (cnt > cap && threadIdx.x == 0) *has_long = 1u;
     if (cnt > cap || cnt == 0) continue;
-    const i64 nv = cnt / VEC;
+    const int nv = static_cast<int>(cnt / VEC);
     const A mu = mean[s], rs = rstd[s];
     A s1, s2;
     bwd_sums<T, TW, A, VEC, BLOCK, true>(dy + r0 * D, x + r0 * D, nv, D, w, mu, rs, sdy, sx, s1,
@@ -399,9 +443,11 @@ __global__ void __launch_bounds__(BLOCK, 1)
     jag_bwd_partial(const T* __restrict__ dy, const T* __restrict__ x, const I* __restrict__ off,
                     const i64 B, const int D, const i64 R, const i64 cap,
                     const TW* __restrict__ w, const typename AccOf<T>::type* __restrict__ mean,
-                    const typename AccOf<T>::type* __restrict__ rstd, Part* __restrict__ part) {
+                    const typename AccOf<T>::type* __restrict__ rstd, Part* __restrict__ part,
+                    const unsigned* __restrict__ has_long) {
   typedef typename AccOf<T>::type A;
   __shared__ A red[2 * (BLOCK / 32)];
+  if (*has_long == 0u) return;
   const i64 total = off[B];
   const i64 chunks = (total + R - 1) / R;
   for (i64 c = blockIdx.x; c < chunks; c += gridDim.x) {
@@ -410,7 +456,7 @@ __global__ void __launch_bounds__(BLOCK, 1)
     for_long_in_chunk(off, B, D, cap, row0, row1, [&](i64 s, i64 r0, i64 r1) {
       const i64 cnt = (r1 - r0) * D;
       A s1, s2;
-      bwd_sums<T, TW, A, VEC, BLOCK, false>(dy + r0 * D, x + r0 * D, cnt / VEC, D, w, mean[s],
+      bwd_sums<T, TW, A, VEC, BLOCK, false>(dy + r0 * D, x + r0 * D, int(cnt / VEC), D, w, mean[s],
                                             rstd[s], nullptr, nullptr, s1, s2);
       group_sum2<BLOCK>(s1, s2, red);
       if (threadIdx.x == 0) part[2 * c + slot] = Part{s, double(cnt), double(s1), double(s2)};
@@ -429,14 +475,16 @@ __global__ void __launch_bounds__(BLOCK, 1)
                   const typename AccOf<T>::type* __restrict__ mean,
                   const typename AccOf<T>::type* __restrict__ rstd,
                   const typename AccOf<T>::type* __restrict__ c1,
-                  const typename AccOf<T>::type* __restrict__ c2, T* __restrict__ dx) {
+                  const typename AccOf<T>::type* __restrict__ c2, T* __restrict__ dx,
+                  const unsigned* __restrict__ has_long) {
   typedef typename AccOf<T>::type A;
+  if (*has_long == 0u) return;
   const i64 total = off[B];
   const i64 chunks = (total + R - 1) / R;
   for (i64 c = blockIdx.x; c < chunks; c += gridDim.x) {
     const i64 row0 = c * R, row1 = row0 + R < total ? row0 + R : total;
     for_long_in_chunk(off, B, D, cap, row0, row1, [&](i64 s, i64 r0, i64 r1) {
-      dx_vectors<T, TW, A, VEC, BLOCK>(dy + r0 * D, x + r0 * D, dx + r0 * D, (r1 - r0) * D / VEC,
+      dx_vectors<T, TW, A, VEC, BLOCK>(dy + r0 * D, x + r0 * D, dx + r0 * D, int((r1 - r0) * D / VEC),
                                        D, w, mean[s], rstd[s], c1[s], c2[s]);
     });
   }
