@@ -484,8 +484,22 @@ def _forward_checked(x, w, b, eps, out):
                 vec = _vector_width(x.itemsize, n, (stride,), x.data.ptr & 15)
                 k, plan, cap = _forward_launch(dev, n, x.dtype, wdt, bdt, vec)
                 _forward_calls[(_akey(x), _vkey(w), _vkey(b))] = _Call(
-                    dev, m, n, x.shape, lead, x.dtype, acc, stride, 0, wdt, bdt, offsets, k,
-                    _launch.grid_size(m, plan.rows, cap), plan.block, plan.smem,
+                    dev,
+                    m,
+                    n,
+                    x.shape,
+                    lead,
+                    x.dtype,
+                    acc,
+                    stride,
+                    0,
+                    wdt,
+                    bdt,
+                    offsets,
+                    k,
+                    _launch.grid_size(m, plan.rows, cap),
+                    plan.block,
+                    plan.smem,
                     vec * x.itemsize - 1,
                 )
         cupy = _cupy()

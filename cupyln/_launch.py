@@ -162,8 +162,9 @@ def grid_size(m: int, rows_per_block: int, capacity: int) -> int:
 
 
 # ------------------------------------------------------------------ jagged (kernels/jagged.cu)
-JAG_BLOCK = 512  # block-per-sequence kernels: the sequence is staged, 16 vectors per thread...
-JAG_CHUNK_BLOCK = 256  # ...chunk kernels of the long path
+JAG_BLOCK = 512  # block-per-sequence kernels: the sequence is staged as it is read...
+JAG_UNROLL = 4  # ...with this many 16-byte loads (pairs in the backward) in flight per thread
+JAG_CHUNK_BLOCK = 256  # chunk kernels of the long path
 JAG_DEFAULT_SMEM = 96 * 1024  # staged bytes per block without a max_seqlen hint: 2 blocks/SM
 
 
@@ -201,11 +202,11 @@ def jagged_exprs(x_dtype, w_dtype, b_dtype, offsets_ctype: str, vec: int) -> dic
     i, sb, cb = offsets_ctype, JAG_BLOCK, JAG_CHUNK_BLOCK
     t = _compile.template
     return {
-        "fwd_short": t("jag_fwd_short", tx, tw, tb, i, vec, sb),
+        "fwd_short": t("jag_fwd_short", tx, tw, tb, i, vec, sb, JAG_UNROLL),
         "fwd_partial": t("jag_fwd_partial", tx, i, vec, cb),
         "fwd_combine": t("jag_combine", acc, i, True, cb),
         "fwd_apply": t("jag_fwd_apply", tx, tw, tb, i, vec, cb),
-        "bwd_short": t("jag_bwd_short", tx, tw, i, vec, sb),
+        "bwd_short": t("jag_bwd_short", tx, tw, i, vec, sb, max(1, JAG_UNROLL // 2)),
         "bwd_partial": t("jag_bwd_partial", tx, tw, i, vec, cb),
         "bwd_combine": t("jag_combine", acc, i, False, cb),
         "bwd_apply": t("jag_bwd_apply", tx, tw, i, vec, cb),

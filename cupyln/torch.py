@@ -45,7 +45,7 @@ def _check(t, name: str, device=None) -> None:
         raise TypeError(f"{name} must be a torch.Tensor; got {type(t).__name__}")
     if t.dtype not in _NP:
         raise TypeError(f"{name} must have dtype {_NAMES}; got {t.dtype}")
-    if t.device.type != "cuda":
+    if not t.is_cuda:
         raise ValueError(f"{name} must be a CUDA tensor; got a tensor on {t.device}")
     if device is not None and t.device != device:
         raise ValueError(f"{name} must be on {device} with the input; got {t.device}")
@@ -98,9 +98,15 @@ def _fwd_impl(
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     mean = torch.empty(x.shape[:-1], dtype=_acc(x.dtype), device=x.device)
     rstd = torch.empty(x.shape[:-1], dtype=_acc(x.dtype), device=x.device)
-    m = y.numel() // n if n else 0
-    if m == 0:
-        return y, mean, rstd
+    if y.numel():
+        _forward_into(x, weight, bias, eps, y, mean.data_ptr(), rstd.data_ptr())
+    return y, mean, rstd
+
+
+def _forward_into(x, weight, bias, eps, y, mean_ptr: int, rstd_ptr: int) -> None:
+    """Launch the forward of a checked, non-empty x into y (contiguous) and the statistics."""
+    n = x.shape[-1]
+    m = x.numel() // n
     x, stride = _rows(x)
     weight, bias = _vector(weight), _vector(bias)
     xdt = _NP[x.dtype]
@@ -110,9 +116,8 @@ def _fwd_impl(
             index, m, n, x.data_ptr(), stride, xdt, y.data_ptr(),
             _ptr(weight), xdt if weight is None else _NP[weight.dtype],
             _ptr(bias), xdt if bias is None else _NP[bias.dtype],
-            mean.data_ptr(), rstd.data_ptr(), eps, _stream(index),
+            mean_ptr, rstd_ptr, eps, _stream(index),
         )  # fmt: skip
-    return y, mean, rstd
 
 
 _fwd = torch.library.custom_op("cupyln::layer_norm_fwd", _fwd_impl, mutates_args=())
@@ -154,25 +159,33 @@ def _bwd_impl(
         dw.zero_()
         db.zero_()
         return dx, dw, db
-    x, xs = _rows(x)
-    dy, gs = _rows(dy)
     acc = _acc(x.dtype)
     mean = mean.to(acc).contiguous()
     rstd = rstd.to(acc).contiguous()
+    _backward_into(dy, x, weight, mean.data_ptr(), rstd.data_ptr(), dx, dw, db)
+    return dx, dw, db
+
+
+def _backward_into(dy, x, weight, mean_ptr: int, rstd_ptr: int, dx, dw, db) -> None:
+    """Launch the backward of checked, non-empty dy/x at the saved statistics into dx
+    (contiguous), dw (ignored without a weight) and db."""
+    n = x.shape[-1]
+    m = x.numel() // n
+    x, xs = _rows(x)
+    dy, gs = _rows(dy)
     weight = _vector(weight)
     index = x.device.index
-    xdt, wnp = _NP[x.dtype], _NP[wdt]
+    xdt, wnp = _NP[x.dtype], _NP[db.dtype]
     x_ptr, dy_ptr, dx_ptr = x.data_ptr(), dy.data_ptr(), dx.data_ptr()
     with _api._OnDevice(index):
         vec = _api.backward_vector_width(xdt, n, xs, gs, (x_ptr, dy_ptr, dx_ptr))
         count = _api.backward_workspace(index, m, n, xdt, wnp, wnp, vec)
-        part = torch.empty(count, dtype=acc, device=x.device)  # on torch's current stream
+        part = torch.empty(count, dtype=_acc(x.dtype), device=x.device)  # torch's stream
         _api.launch_backward(
-            index, m, n, dy_ptr, gs, x_ptr, xs, xdt, _ptr(weight), wnp, mean.data_ptr(),
-            rstd.data_ptr(), dx_ptr, _ptr(dw) if weight is not None else 0, db.data_ptr(), wnp,
-            part.data_ptr(), _stream(index),
+            index, m, n, dy_ptr, gs, x_ptr, xs, xdt, _ptr(weight), wnp, mean_ptr, rstd_ptr,
+            dx_ptr, _ptr(dw) if weight is not None else 0, db.data_ptr(), wnp, part.data_ptr(),
+            _stream(index),
         )  # fmt: skip
-    return dx, dw, db
 
 
 _bwd = torch.library.custom_op("cupyln::layer_norm_bwd", _bwd_impl, mutates_args=())
@@ -222,15 +235,39 @@ class _Eager(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, eps):
-        y, mean, rstd = _fwd_impl(x, weight, bias, eps)
-        ctx.save_for_backward(x, weight, mean, rstd)
+        y, stats = _eager_forward(x, weight, bias, eps)
+        ctx.save_for_backward(x, weight, stats)
         ctx.bias_dtype = None if bias is None else bias.dtype
         return y
 
     @staticmethod
     def backward(ctx, dy):
-        x, weight, mean, rstd = ctx.saved_tensors
-        return _grads(ctx, *_bwd_impl(dy, x, weight, mean, rstd))
+        x, weight, stats = ctx.saved_tensors
+        n = x.shape[-1]
+        wdt = x.dtype if weight is None else weight.dtype
+        dx = torch.empty_like(x, memory_format=torch.contiguous_format)
+        dwdb = torch.empty(2, n, dtype=wdt, device=x.device)
+        dw, db = dwdb.unbind(0)
+        if dx.numel():
+            m = stats.numel() // 2
+            ptr = stats.data_ptr()
+            _backward_into(dy, x, weight, ptr, ptr + m * stats.element_size(), dx, dw, db)
+        else:
+            dwdb.zero_()
+        return _grads(ctx, dx, dw, db)
+
+
+def _eager_forward(x, weight, bias, eps):
+    """(y, statistics): y like x (contiguous), mean and rstd one after the other in one tensor
+    (two allocations per call instead of three)."""
+    y = torch.empty_like(x, memory_format=torch.contiguous_format)
+    n = x.shape[-1]
+    m = x.numel() // n if n else 0
+    stats = torch.empty(2 * m, dtype=_acc(x.dtype), device=x.device)
+    if m:
+        ptr = stats.data_ptr()
+        _forward_into(x, weight, bias, eps, y, ptr, ptr + m * stats.element_size())
+    return y, stats
 
 
 def _eager() -> bool:
@@ -260,19 +297,22 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps: float = 1e-
         input = input.float()
         weight = None if weight is None else weight.float()
         bias = None if bias is None else bias.float()
-    n = math.prod(shape)
-    x = input.reshape(*input.shape[: input.dim() - k], n)
-    w = None if weight is None else weight.reshape(n)
-    b = None if bias is None else bias.reshape(n)
+    if k == 1:  # the kernels take any leading shape: no reshapes
+        x, w, b = input, weight, bias
+    else:
+        n = math.prod(shape)
+        x = input.reshape(*input.shape[: input.dim() - k], n)
+        w = None if weight is None else weight.reshape(n)
+        b = None if bias is None else bias.reshape(n)
     if _eager():
         grad = torch.is_grad_enabled() and (
             x.requires_grad or (w is not None and w.requires_grad)
             or (b is not None and b.requires_grad)
         )  # fmt: skip
-        y = _Eager.apply(x, w, b, float(eps)) if grad else _fwd_impl(x, w, b, float(eps))[0]
+        y = _Eager.apply(x, w, b, float(eps)) if grad else _eager_forward(x, w, b, float(eps))[0]
     else:
         y = torch.ops.cupyln.layer_norm_fwd(x, w, b, float(eps))[0]
-    return y.reshape(input.shape)
+    return y if k == 1 else y.reshape(input.shape)
 
 
 class LayerNorm(torch.nn.LayerNorm):

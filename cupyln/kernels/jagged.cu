@@ -78,21 +78,21 @@ struct ColumnWalk {
 
 // ============================================================================ forward
 // Sum of (x - k) over the nv vectors of p[0 .. nv*VEC) owned by this thread (v = tid,
-// tid + BLOCK, ...), four loads in flight; stores each vector to stage[v] when STAGE. The shift
+// tid + BLOCK, ...), U loads in flight; stores each vector to stage[v] when STAGE. The shift
 // k (the share's first element) keeps large-mean data exact, as in layer_norm_fwd.cu.
-template <typename T, typename A, int VEC, int BLOCK, bool STAGE>
+template <typename T, typename A, int VEC, int BLOCK, bool STAGE, int U = 4>
 __device__ __forceinline__ A sum_vectors(const T* __restrict__ p, const int nv, const A k0,
                                          T* stage) {
   A sum = 0;
-  for (int v0 = threadIdx.x; v0 < nv; v0 += 4 * BLOCK) {
-    Pack<T, VEC> pk[4];
+  for (int v0 = threadIdx.x; v0 < nv; v0 += U * BLOCK) {
+    Pack<T, VEC> pk[U];
 #pragma unroll
-    for (int u = 0; u < 4; ++u) {
+    for (int u = 0; u < U; ++u) {
       const int v = v0 + u * BLOCK;
       if (v < nv) pk[u] = ld<T, VEC>(p, v);
     }
 #pragma unroll
-    for (int u = 0; u < 4; ++u) {
+    for (int u = 0; u < U; ++u) {
       const int v = v0 + u * BLOCK;
       if (v < nv) {
         if constexpr (STAGE) reinterpret_cast<Pack<T, VEC>*>(stage)[v] = pk[u];
@@ -159,7 +159,7 @@ __device__ __forceinline__ void apply_vectors(const T* __restrict__ src, T* __re
   }
 }
 
-template <typename T, typename TW, typename TB, typename I, int VEC, int BLOCK>
+template <typename T, typename TW, typename TB, typename I, int VEC, int BLOCK, int UNROLL>
 __global__ void __launch_bounds__(BLOCK, 1)
     jag_fwd_short(const T* __restrict__ x, const I* __restrict__ off, const i64 B, const int D,
                   T* __restrict__ y, const TW* __restrict__ w, const TB* __restrict__ b,
@@ -188,7 +188,7 @@ __global__ void __launch_bounds__(BLOCK, 1)
     const int nv = static_cast<int>(cnt / VEC);
     const A k0 = static_cast<A>(widen(x[r0 * D]));
     const A mu =
-        group_sum<BLOCK>(sum_vectors<T, A, VEC, BLOCK, true>(x + r0 * D, nv, k0, stage), red) /
+        group_sum<BLOCK>(sum_vectors<T, A, VEC, BLOCK, true, UNROLL>(x + r0 * D, nv, k0, stage), red) /
         static_cast<A>(cnt);
     const A var = group_sum<BLOCK>(sq_dev_vectors<T, A, VEC, BLOCK>(stage, nv, k0, mu), red) /
                   static_cast<A>(cnt);
@@ -340,17 +340,17 @@ __global__ void __launch_bounds__(BLOCK, 1)
 
 // ============================================================================ backward
 // (sum(w*dy*xhat), sum(w*dy)) over this thread's vectors; stages x and dy when STAGE.
-template <typename T, typename TW, typename A, int VEC, int BLOCK, bool STAGE>
+template <typename T, typename TW, typename A, int VEC, int BLOCK, bool STAGE, int U = 2>
 __device__ __forceinline__ void bwd_sums(const T* __restrict__ dy, const T* __restrict__ x,
                                          const int nv, const int D, const TW* __restrict__ w,
                                          const A mu, const A rs, T* sdy, T* sx, A& s1, A& s2) {
   ColumnWalk col(threadIdx.x, BLOCK, D / VEC);
   s1 = 0;
   s2 = 0;
-  for (int v0 = threadIdx.x; v0 < nv; v0 += 2 * BLOCK) {
-    Pack<T, VEC> pg[2], px[2];
+  for (int v0 = threadIdx.x; v0 < nv; v0 += U * BLOCK) {
+    Pack<T, VEC> pg[U], px[U];
 #pragma unroll
-    for (int u = 0; u < 2; ++u) {
+    for (int u = 0; u < U; ++u) {
       const int v = v0 + u * BLOCK;
       if (v < nv) {
         pg[u] = ld<T, VEC>(dy, v);
@@ -358,7 +358,7 @@ __device__ __forceinline__ void bwd_sums(const T* __restrict__ dy, const T* __re
       }
     }
 #pragma unroll
-    for (int u = 0; u < 2; ++u) {
+    for (int u = 0; u < U; ++u) {
       const int v = v0 + u * BLOCK;
       if (v < nv) {
         if constexpr (STAGE) {
@@ -410,7 +410,7 @@ __device__ __forceinline__ void dx_vectors(const T* __restrict__ dy, const T* __
   }
 }
 
-template <typename T, typename TW, typename I, int VEC, int BLOCK>
+template <typename T, typename TW, typename I, int VEC, int BLOCK, int UNROLL>
 __global__ void __launch_bounds__(BLOCK, 1)
     jag_bwd_short(const T* __restrict__ dy, const T* __restrict__ x, const I* __restrict__ off,
                   const i64 B, const int D, const TW* __restrict__ w,
@@ -430,7 +430,7 @@ __global__ void __launch_bounds__(BLOCK, 1)
     const int nv = static_cast<int>(cnt / VEC);
     const A mu = mean[s], rs = rstd[s];
     A s1, s2;
-    bwd_sums<T, TW, A, VEC, BLOCK, true>(dy + r0 * D, x + r0 * D, nv, D, w, mu, rs, sdy, sx, s1,
+    bwd_sums<T, TW, A, VEC, BLOCK, true, UNROLL>(dy + r0 * D, x + r0 * D, nv, D, w, mu, rs, sdy, sx, s1,
                                          s2);
     group_sum2<BLOCK>(s1, s2, red);
     const A inv = A(1) / static_cast<A>(cnt);
