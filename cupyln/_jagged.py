@@ -47,7 +47,8 @@ class _Kernels:
         info = _api._device(dev)
         self.fwd = _launch.jagged_plan(d, x_dtype, vec, info.smem_optin, max_seqlen, False)
         self.bwd = _launch.jagged_plan(d, x_dtype, vec, info.smem_optin, max_seqlen, True)
-        exprs = _launch.jagged_exprs(x_dtype, w_dtype, b_dtype, _OFFSET_CTYPES[o_dtype], vec)
+        exprs = _launch.jagged_exprs(x_dtype, w_dtype, b_dtype, _OFFSET_CTYPES[o_dtype], vec,
+                                     self.fwd, self.bwd)  # fmt: skip
         e = "d" if acc_dtype(x_dtype).itemsize == 8 else "f"
         self.launch, self.capacity = {}, {}
         for role, expr in exprs.items():
@@ -55,9 +56,9 @@ class _Kernels:
             k = _api._get(_compile.JAG_SOURCE, expr, dev, smem)
             fmt = _ARGS["combine" if role.endswith("combine") else role].format(e=e)
             self.launch[role] = Launcher(k, fmt)
-            block = _launch.JAG_BLOCK if role.endswith("short") else _launch.JAG_CHUNK_BLOCK
-            if role in ("expand", "check"):
-                block = 256
+            block = {"fwd_short": self.fwd.block, "bwd_short": self.bwd.block}.get(
+                role, _launch.JAG_CHUNK_BLOCK if role not in ("expand", "check") else 256
+            )
             self.capacity[role] = (_api._capacity(k, block, smem, dev), block, smem)
         # dw/db: layer_norm_bwd.cu's column kernel and fixed-order reduce (b_dtype: db's dtype)
         cols = _api._get(_compile.BWD_SOURCE, _launch.dwdb_cols_expr(x_dtype), dev, 0)

@@ -162,8 +162,15 @@ def grid_size(m: int, rows_per_block: int, capacity: int) -> int:
 
 
 # ------------------------------------------------------------------ jagged (kernels/jagged.cu)
-JAG_BLOCK = 512  # block-per-sequence kernels: the sequence is staged as it is read...
-JAG_UNROLL = 4  # ...with this many 16-byte loads (pairs in the backward) in flight per thread
+# Block-per-sequence kernels (scripts/tune_jagged.py, Helion batches B = 16384, lengths 1..128):
+# 256 threads with 4 loads in flight each where several blocks share an SM (bf16 D=256: 3084
+# GB/s against 2023 at 512 threads, which leave one block per SM by registers; fp32 D=32 2623
+# against 1617); 512 threads with 8 loads in flight where the staged sequence leaves room for
+# one block per SM only (fp32 D=256, 128 KB: 2992 against 1781 at 256 x 4).
+JAG_BLOCK = 256
+JAG_UNROLL = 4
+JAG_BLOCK_ALONE = 512
+JAG_UNROLL_ALONE = 8
 JAG_CHUNK_BLOCK = 256  # chunk kernels of the long path
 JAG_DEFAULT_SMEM = 96 * 1024  # staged bytes per block without a max_seqlen hint: 2 blocks/SM
 
@@ -173,12 +180,15 @@ class JaggedPlan:
     """Launch shape of the jagged kernels for one (D, dtypes, vec). ``cap``: elements a
     sequence (forward) or each of x and dy (backward) may have to take the block-per-sequence
     path; ``rows``: rows per chunk of the long path (2 * rows * D <= cap); ``smem``: dynamic
-    shared bytes of the block-per-sequence kernel."""
+    shared bytes of the block-per-sequence kernel, run with ``block`` threads and ``unroll``
+    loads in flight per thread."""
 
     vec: int
     cap: int
     rows: int
     smem: int
+    block: int = JAG_BLOCK
+    unroll: int = JAG_UNROLL
 
 
 def jagged_plan(d: int, x_dtype, vec: int, smem_limit: int, max_seqlen, backward: bool):
@@ -193,20 +203,26 @@ def jagged_plan(d: int, x_dtype, vec: int, smem_limit: int, max_seqlen, backward
         want = JAG_DEFAULT_SMEM
     smem = min(want, usable) // (16 * arrays) * (16 * arrays)
     cap = smem // arrays // x_dtype.itemsize
-    return JaggedPlan(vec, cap, max(1, cap // (2 * d)), smem)
+    alone = 2 * (smem + STATIC_SMEM_MARGIN) > smem_limit
+    block, unroll = (JAG_BLOCK_ALONE, JAG_UNROLL_ALONE) if alone else (JAG_BLOCK, JAG_UNROLL)
+    return JaggedPlan(vec, cap, max(1, cap // (2 * d)), smem, block, unroll)
 
 
-def jagged_exprs(x_dtype, w_dtype, b_dtype, offsets_ctype: str, vec: int) -> dict:
-    """Template instantiations of kernels/jagged.cu for one problem, by role."""
+def jagged_exprs(x_dtype, w_dtype, b_dtype, offsets_ctype: str, vec: int, fwd=None,
+                 bwd=None) -> dict:  # fmt: skip
+    """Template instantiations of kernels/jagged.cu for one problem, by role (``fwd``/``bwd``:
+    the JaggedPlans giving the block-per-sequence kernels' shapes; default shapes without)."""
     tx, tw, tb, acc = ctype(x_dtype), ctype(w_dtype), ctype(b_dtype), ctype(acc_dtype(x_dtype))
-    i, sb, cb = offsets_ctype, JAG_BLOCK, JAG_CHUNK_BLOCK
+    fb, fu = (fwd.block, fwd.unroll) if fwd else (JAG_BLOCK, JAG_UNROLL)
+    bb, bu = (bwd.block, bwd.unroll) if bwd else (JAG_BLOCK, JAG_UNROLL)
+    i, cb = offsets_ctype, JAG_CHUNK_BLOCK
     t = _compile.template
     return {
-        "fwd_short": t("jag_fwd_short", tx, tw, tb, i, vec, sb, JAG_UNROLL),
+        "fwd_short": t("jag_fwd_short", tx, tw, tb, i, vec, fb, fu),
         "fwd_partial": t("jag_fwd_partial", tx, i, vec, cb),
         "fwd_combine": t("jag_combine", acc, i, True, cb),
         "fwd_apply": t("jag_fwd_apply", tx, tw, tb, i, vec, cb),
-        "bwd_short": t("jag_bwd_short", tx, tw, i, vec, sb, max(1, JAG_UNROLL // 2)),
+        "bwd_short": t("jag_bwd_short", tx, tw, i, vec, bb, max(1, bu // 2)),
         "bwd_partial": t("jag_bwd_partial", tx, tw, i, vec, cb),
         "bwd_combine": t("jag_combine", acc, i, False, cb),
         "bwd_apply": t("jag_bwd_apply", tx, tw, i, vec, cb),

@@ -64,6 +64,8 @@ def _stream(index: int) -> int:
 
 def _rows(t: torch.Tensor):
     """(tensor, row stride in elements): rows at one stride in place, other layouts copied."""
+    if t.is_contiguous():
+        return t, t.shape[-1]
     stride = _api.row_stride(tuple(t.shape), t.stride())
     if stride is None:
         t = t.contiguous()
@@ -73,8 +75,8 @@ def _rows(t: torch.Tensor):
 
 def _vector(t):
     """w/b as a contiguous tensor whose start is 64-byte aligned (the kernels' pack loads)."""
-    if t is None:
-        return None
+    if t is None or (t.is_contiguous() and t.data_ptr() % 64 == 0):
+        return t
     t = t.contiguous()
     return t if t.data_ptr() % 64 == 0 else t.clone()
 

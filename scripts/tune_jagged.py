@@ -15,7 +15,8 @@ KW = dict(max_seqlen=128, check_offsets=False)
 def measure(values, offsets, dy, block, unroll):
     """(y, dx, forward ms, backward ms, kernels) with the block-per-sequence kernels at
     ``block`` threads and ``unroll`` loads in flight."""
-    _launch.JAG_BLOCK, _launch.JAG_UNROLL = block, unroll
+    _launch.JAG_BLOCK = _launch.JAG_BLOCK_ALONE = block
+    _launch.JAG_UNROLL = _launch.JAG_UNROLL_ALONE = unroll
     _jagged._kernels.cache_clear()
     y, mean, rstd = _jagged.jagged_forward(values, offsets, **KW)
     dx, _, _ = _jagged.jagged_backward(dy, values, offsets, None, mean, rstd, **KW)
@@ -41,8 +42,9 @@ def main() -> None:
                 print(f"{dtype} B={b} D={d} block={block} unroll={unroll}: {e}", flush=True)
                 continue
             first = first or (y.astype(cupy.float32), dx.astype(cupy.float32))
-            ok = bool(cupy.allclose(y.astype(cupy.float32), first[0], atol=1e-2))
-            ok = ok and bool(cupy.allclose(dx.astype(cupy.float32), first[1], atol=1e-2))
+            # bf16 outputs may differ by one rounding step (0.016 at |y| in [2, 4))
+            ok = bool(cupy.allclose(y.astype(cupy.float32), first[0], atol=0.05))
+            ok = ok and bool(cupy.allclose(dx.astype(cupy.float32), first[1], atol=0.05))
             fg, bg = 2 * values.nbytes / tf * 1e-6, 3 * values.nbytes / tb * 1e-6
             print(f"{dtype:8s} B={b} D={d:3d} block={block:4d} unroll={unroll} "
                   f"fwd {fg:5.0f} GB/s ({fg / copy:4.0%}) "

@@ -63,10 +63,13 @@ def jagged_variants(x_dtype):
     """Every jagged kernel role for both offset types and vector widths, with w/b of x's dtype
     and of float32."""
     out = set()
+    alone = _launch.JaggedPlan(1, 1, 1, 1, _launch.JAG_BLOCK_ALONE, _launch.JAG_UNROLL_ALONE)
     for tw in {x_dtype, TABLE_F32}:
         for o in ("int", "long long"):
             for vec in _vecs(x_dtype):
-                out.update(_launch.jagged_exprs(x_dtype, tw, tw, o, vec).values())
+                for plan in (None, alone):
+                    exprs = _launch.jagged_exprs(x_dtype, tw, tw, o, vec, plan, plan)
+                    out.update(exprs.values())
     return sorted(out)
 
 
