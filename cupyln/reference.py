@@ -42,11 +42,16 @@ def from_float32(a, dtype):
     xp = _xp(a)
     dtype = numpy.dtype(dtype)
     if BFLOAT16 is not None and dtype == BFLOAT16:
-        u = xp.ascontiguousarray(a, dtype=xp.float32).view(xp.uint32)
-        rounded = (u + (0x7FFF + ((u >> 16) & 1))) >> 16
-        nan = (u & 0x7FFFFFFF) > 0x7F800000
-        bits = xp.where(nan, (u >> 16) | 0x40, rounded).astype(xp.uint16)
-        return bits.view(dtype)
+        a = xp.ascontiguousarray(a, dtype=xp.float32)
+        out = xp.empty(a.shape, xp.uint16)
+        flat, bits = a.reshape(-1).view(xp.uint32), out.reshape(-1)
+        step = 2**26  # in pieces: the uint32 temporaries of a 2**31-element array are 8 GB each
+        for i in range(0, flat.size, step):
+            u = flat[i : i + step]
+            rounded = (u + (0x7FFF + ((u >> 16) & 1))) >> 16
+            nan = (u & 0x7FFFFFFF) > 0x7F800000
+            bits[i : i + step] = xp.where(nan, (u >> 16) | 0x40, rounded)
+        return out.view(dtype)
     return a.astype(dtype)
 
 
@@ -100,8 +105,10 @@ def sample(shape, dtype, loc=-2.3, scale=0.5, seed=None, xp=None):
         import cupy as xp
     dtype = numpy.dtype(dtype)
     wide = xp.float64 if dtype.itemsize == 8 else xp.float32
-    a = loc + scale * xp.random.default_rng(seed).standard_normal(shape, dtype=wide)
-    return from_float32(a.astype(wide), dtype)
+    a = xp.random.default_rng(seed).standard_normal(shape, dtype=wide)
+    a *= scale
+    a += loc
+    return from_float32(a, dtype)
 
 
 def forward(x, w=None, b=None, eps=1e-5):
