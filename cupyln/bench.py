@@ -300,6 +300,69 @@ def training_step_ms(steps: int = 30, batch: int = 8, seq: int = 1024, d: int = 
     return out
 
 
+# ------------------------------------------------------------------ JAX
+def jax_bandwidth(ns=(1024, 4096, 16384), dtype: str = "bfloat16", elements: int = 2**27,
+                  reps: int = 30) -> list[dict]:  # fmt: skip
+    """Jitted ``cupyln.jax.layer_norm`` against a jitted pure-JAX layer norm (float32
+    arithmetic, as cupyln's): forward GB/s (2 * M * N * itemsize per call) and the time of a
+    jitted forward + backward (``jax.vjp``: dx, dw, db). Calls are queued back to back and
+    timed together, so XLA's dispatch overlaps the GPU work; tensors of 2**27 elements are
+    far larger than L2. Empty list without JAX."""
+    import os
+    import statistics
+    import time
+
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    try:
+        import jax
+        import jax.numpy as jnp
+
+        import cupyln.jax as cj
+    except ImportError:
+        return []
+
+    def pure(x, w, b, eps=1e-5):
+        xf = x.astype(jnp.float32)
+        mean = xf.mean(-1, keepdims=True)
+        var = jnp.square(xf - mean).mean(-1, keepdims=True)
+        y = (xf - mean) * jax.lax.rsqrt(var + eps) * w.astype(jnp.float32)
+        return (y + b.astype(jnp.float32)).astype(x.dtype)
+
+    def timed(fn, *args):
+        jax.block_until_ready(fn(*args))
+        runs = []
+        for _ in range(3):
+            t = time.perf_counter()
+            out = [fn(*args) for _ in range(reps)]
+            jax.block_until_ready(out)
+            runs.append((time.perf_counter() - t) / reps * 1e3)
+            del out
+        return statistics.median(runs)
+
+    dt = jnp.dtype(dtype)
+    rows = []
+    for n in ns:
+        m = elements // n
+        keys = jax.random.split(jax.random.PRNGKey(n), 3)
+        x = (-2.3 + 0.5 * jax.random.normal(keys[0], (m, n))).astype(dt)
+        dy = jax.random.normal(keys[1], (m, n)).astype(dt)
+        w = (1 + 0.2 * jax.random.normal(keys[2], (n,))).astype(dt)
+        b = jnp.zeros((n,), dt)
+        for name, ln in (("cupyln.jax", cj.layer_norm), ("pure JAX", pure)):
+            fwd = jax.jit(ln)
+
+            def step(x, w, b, dy, ln=ln):
+                return jax.vjp(ln, x, w, b)[1](dy)
+
+            f_ms = timed(fwd, x, w, b)
+            s_ms = timed(jax.jit(step), x, w, b, dy)
+            gbs = 2 * x.size * dt.itemsize / f_ms * 1e-6
+            rows.append(dict(provider=name, dtype=dt.name, M=m, N=n, fwd_ms=f_ms, fwd_GBs=gbs,
+                             fwd_bwd_ms=s_ms))  # fmt: skip
+        del x, dy
+    return rows
+
+
 # ------------------------------------------------------------------ jagged
 JAGGED_SWEEP = tuple((b, d) for b in (32, 256, 2048, 16384) for d in (32, 256))
 

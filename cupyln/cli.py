@@ -139,6 +139,12 @@ def cmd_bench(args) -> int:
         return 0
     if args.jagged:
         return _bench_jagged(args, bench)
+    if args.jax:
+        for r in bench.jax_bandwidth():
+            print(f"{r['provider']:11s} jitted {r['dtype']} M={r['M']:<7d} N={r['N']:<6d} "
+                  f"forward {r['fwd_GBs']:5.0f} GB/s ({r['fwd_ms'] * 1e3:6.1f} us), "
+                  f"forward+backward {r['fwd_bwd_ms'] * 1e3:6.1f} us")  # fmt: skip
+        return 0
     if args.train:
         for name, ms in bench.training_step_ms().items():
             print(f"training step, 4-layer pre-LN block d=1024, 8 x 1024 tokens, bf16, {name}: "
@@ -248,6 +254,7 @@ def main(argv=None) -> int:
     b.add_argument("--overhead", action="store_true", help="CPU time per call, tiny arrays")
     b.add_argument("--jagged", action="store_true", help="the jagged sweep (Helion's batches)")
     b.add_argument("--train", action="store_true", help="training step time, torch vs cupyln")
+    b.add_argument("--jax", action="store_true", help="jitted cupyln.jax against pure JAX")
     b.add_argument("-v", "--verbose", action="store_true", help="show each width's kernels")
     b.add_argument("--csv", default="", help="write the rows to this CSV file")
     b.add_argument("--json", default="", help="write copy bandwidth and rows to this JSON file")

@@ -43,13 +43,13 @@ __all__ = ["layer_norm"]
 
 # ------------------------------------------------------------------ inside the callbacks
 def _ptr(buf) -> int:
-    iface = getattr(buf, "__cuda_array_interface__", None)
-    if iface is None:
+    try:
+        return buf.__cuda_array_interface__["data"][0]
+    except Exception as err:  # a buffer on another platform: JAX raises its own error type
         raise ValueError(
-            "cupyln.jax runs on GPU arrays; this computation was placed on a "
-            f"{type(buf).__module__} buffer without __cuda_array_interface__ (a CPU device?)"
-        )
-    return iface["data"][0]
+            "cupyln.jax runs on GPU arrays; this computation was placed on a device whose "
+            "buffers have no __cuda_array_interface__ (a CPU device?)"
+        ) from err
 
 
 def _device_of(ptr: int) -> int:

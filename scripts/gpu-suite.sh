@@ -16,11 +16,11 @@ workers=$(python3 -c "import xdist" 2>/dev/null && echo "-n 16" || echo "")
 timeout 420 python3 -m pytest -q -rs $workers --durations=10 -p no:cacheprovider "$@" 2>&1 \
   | tee "$OUT/pytest.log" | tail -25
 {
-  git log -1 --format="commit %h %cs"
   python3 -m cupyln check
   python3 -m cupyln bench -v --dtype bfloat16 --json "$OUT/bench_bf16.json"
   python3 -m cupyln bench --overhead
   python3 -m cupyln bench --train
+  python3 -m cupyln bench --jax
   python3 -m cupyln bench --jagged --json "$OUT/jagged.json"
 } 2>&1 | tee "$OUT/bench.log" | grep -v "it/s\|width/s"
 echo "== summary =="

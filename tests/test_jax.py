@@ -41,3 +41,11 @@ def test_cpu_arrays_are_refused():
     x = jax.device_put(jax.numpy.ones((4, 8)), jax.devices("cpu")[0])
     with pytest.raises(ValueError, match="must be on a GPU"):
         cj.layer_norm(x)
+
+
+def test_a_computation_placed_on_the_cpu_says_it_needs_a_gpu():
+    jax = pytest.importorskip("jax")
+    cj = pytest.importorskip("cupyln.jax")
+    x = jax.device_put(jax.numpy.ones((4, 8)), jax.devices("cpu")[0])
+    with pytest.raises(Exception, match="cupyln.jax runs on GPU arrays"):
+        jax.jit(cj.layer_norm)(x)
