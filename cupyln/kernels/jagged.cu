@@ -139,12 +139,18 @@ __device__ __forceinline__ void apply_vectors(const T* __restrict__ src, T* __re
                                               const A rs, const TW* __restrict__ w,
                                               const TB* __restrict__ b) {
   ColumnWalk col(threadIdx.x, BLOCK, D / VEC);
+  const bool affine = w != nullptr || b != nullptr;
   for (int v = threadIdx.x; v < nv; v += BLOCK) {
     A xv[VEC], wv[VEC], bv[VEC], out[VEC];
     load_pack<A, T, VEC>(src + static_cast<i64>(v) * VEC, xv);
-    const int c = col.next() * VEC;
-    load_cols<A, TW, VEC>(w, c, A(1), wv);  // 1 / 0 where w / b are absent
-    load_cols<A, TB, VEC>(b, c, A(0), bv);
+    if (affine) {
+      const int c = col.next() * VEC;
+      load_cols<A, TW, VEC>(w, c, A(1), wv);
+      load_cols<A, TB, VEC>(b, c, A(0), bv);
+    } else {
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) wv[k] = A(1), bv[k] = A(0);
+    }
 #pragma unroll
     for (int k = 0; k < VEC; ++k) {
       out[k] = static_cast<A>((static_cast<M>(xv[k]) - k0) - mu) * rs * wv[k] + bv[k];
@@ -202,40 +208,18 @@ struct Part {
   double n, a, b;
 };
 
-// The long-sequence shares of the chunks this block owns (grid-stride over the chunks of R
-// rows): share(c, k, s, r0, r1) for the k-th long sequence s meeting chunk c (k < 2), with its
-// rows [r0, r1) inside the chunk; then chunk_done(c, number of shares).
-template <typename I, typename Share, typename Done>
-__device__ __forceinline__ void for_long_shares(const I* __restrict__ off, const i64 B,
-                                                const int D, const i64 R, const i64 cap,
-                                                Share share, Done chunk_done) {
-  const i64 total = off[B];
-  const i64 chunks = (total + R - 1) / R;
-  for (i64 c = blockIdx.x; c < chunks; c += gridDim.x) {
-    const i64 row0 = c * R, row1 = row0 + R < total ? row0 + R : total;
-    int k = 0;
-    for (i64 s = seq_of_row(off, B, row0); s < B && static_cast<i64>(off[s]) < row1; ++s) {
-      const i64 a = off[s], e = off[s + 1];
-      if ((e - a) * D <= cap) continue;  // short (or empty): the block-per-sequence path's
-      share(c, k++, s, a > row0 ? a : row0, e < row1 ? e : row1);
-    }
-    chunk_done(c, k);
+// Calls f(s, r0, r1) for each long sequence s meeting chunk [row0, row1) with its rows
+// [r0, r1) inside the chunk (at most two), then marks the unused slots.
+template <typename I, typename F>
+__device__ __forceinline__ void for_long_in_chunk(const I* __restrict__ off, const i64 B,
+                                                  const int D, const i64 cap, const i64 row0,
+                                                  const i64 row1, F f) {
+  for (i64 s = seq_of_row(off, B, row0); s < B && static_cast<i64>(off[s]) < row1; ++s) {
+    const i64 a = off[s], e = off[s + 1];
+    if ((e - a) * D <= cap) continue;  // short (or empty): done by the block-per-sequence path
+    f(s, a > row0 ? a : row0, e < row1 ? e : row1);
   }
 }
-
-// chunk_done for the partial kernels: slots a chunk did not fill are marked unused.
-struct MarkUnused {
-  Part* part;
-  __device__ __forceinline__ void operator()(const i64 c, int k) const {
-    if (threadIdx.x == 0) {
-      for (; k < 2; ++k) part[2 * c + k].seq = -1;
-    }
-  }
-};
-
-struct NoOp {
-  __device__ __forceinline__ void operator()(const i64, const int) const {}
-};
 
 template <typename T, typename I, int VEC, int BLOCK>
 __global__ void __launch_bounds__(BLOCK, 1)
@@ -245,21 +229,29 @@ __global__ void __launch_bounds__(BLOCK, 1)
   typedef typename AccOf<T>::type A;
   __shared__ A red[BLOCK / 32];
   if (*has_long == 0u) return;  // every sequence took the block-per-sequence path
-  for_long_shares(
-      off, B, D, R, cap,
-      [&](i64 c, int k, i64 s, i64 r0, i64 r1) {
-        const i64 cnt = (r1 - r0) * D;
-        const int nv = static_cast<int>(cnt / VEC);
-        const T* p = x + r0 * D;
-        const A k0 = static_cast<A>(widen(p[0]));
-        const A mu =
-            group_sum<BLOCK>(sum_vectors<T, A, VEC, BLOCK, false>(p, nv, k0, nullptr), red) /
-            static_cast<A>(cnt);
-        const A m2 = group_sum<BLOCK>(sq_dev_vectors<T, A, VEC, BLOCK>(p, nv, k0, mu), red);
-        if (threadIdx.x == 0) part[2 * c + k] = Part{s, double(cnt), double(k0) + double(mu),
-                                                     double(m2)};
-      },
-      MarkUnused{part});
+  const i64 total = off[B];
+  const i64 chunks = (total + R - 1) / R;
+  for (i64 c = blockIdx.x; c < chunks; c += gridDim.x) {
+    const i64 row0 = c * R, row1 = row0 + R < total ? row0 + R : total;
+    int slot = 0;
+    for_long_in_chunk(off, B, D, cap, row0, row1, [&](i64 s, i64 r0, i64 r1) {
+      const i64 cnt = (r1 - r0) * D;
+      const int nv = static_cast<int>(cnt / VEC);
+      const T* p = x + r0 * D;
+      const A k0 = static_cast<A>(widen(p[0]));
+      const A mu =
+          group_sum<BLOCK>(sum_vectors<T, A, VEC, BLOCK, false>(p, nv, k0, nullptr), red) /
+          static_cast<A>(cnt);
+      const A m2 = group_sum<BLOCK>(sq_dev_vectors<T, A, VEC, BLOCK>(p, nv, k0, mu), red);
+      if (threadIdx.x == 0) {
+        part[2 * c + slot] = Part{s, double(cnt), double(k0) + double(mu), double(m2)};
+      }
+      ++slot;
+    });
+    if (threadIdx.x == 0) {
+      for (; slot < 2; ++slot) part[2 * c + slot].seq = -1;
+    }
+  }
 }
 
 // Chan's combination of (n, mean, M2) with another share.
@@ -334,14 +326,16 @@ __global__ void __launch_bounds__(BLOCK, 1)
                   const unsigned* __restrict__ has_long) {
   typedef typename AccOf<T>::type A;
   if (*has_long == 0u) return;
-  for_long_shares(
-      off, B, D, R, cap,
-      [&](i64, int, i64 s, i64 r0, i64 r1) {
-        apply_vectors<T, TW, TB, A, double, VEC, BLOCK>(x + r0 * D, y + r0 * D,
-                                                        int((r1 - r0) * D / VEC), D, 0.0,
-                                                        mean64[s], rstd[s], w, b);
-      },
-      NoOp{});
+  const i64 total = off[B];
+  const i64 chunks = (total + R - 1) / R;
+  for (i64 c = blockIdx.x; c < chunks; c += gridDim.x) {
+    const i64 row0 = c * R, row1 = row0 + R < total ? row0 + R : total;
+    for_long_in_chunk(off, B, D, cap, row0, row1, [&](i64 s, i64 r0, i64 r1) {
+      apply_vectors<T, TW, TB, A, double, VEC, BLOCK>(x + r0 * D, y + r0 * D,
+                                                      int((r1 - r0) * D / VEC), D, 0.0, mean64[s],
+                                                      rstd[s], w, b);
+    });
+  }
 }
 
 // ============================================================================ backward
@@ -372,7 +366,12 @@ __device__ __forceinline__ void bwd_sums(const T* __restrict__ dy, const T* __re
           reinterpret_cast<Pack<T, VEC>*>(sx)[v] = px[u];
         }
         A wv[VEC];
-        load_cols<A, TW, VEC>(w, col.next() * VEC, A(1), wv);
+        if (w != nullptr) {
+          load_cols<A, TW, VEC>(w, col.next() * VEC, A(1), wv);
+        } else {
+#pragma unroll
+          for (int k = 0; k < VEC; ++k) wv[k] = A(1);
+        }
 #pragma unroll
         for (int k = 0; k < VEC; ++k) {
           const A wdy = wv[k] * static_cast<A>(widen(pg[u].v[k]));
@@ -396,7 +395,12 @@ __device__ __forceinline__ void dx_vectors(const T* __restrict__ dy, const T* __
     const i64 o = static_cast<i64>(v) * VEC;
     load_pack<A, T, VEC>(dy + o, gv);
     load_pack<A, T, VEC>(x + o, xv);
-    load_cols<A, TW, VEC>(w, col.next() * VEC, A(1), wv);
+    if (w != nullptr) {
+      load_cols<A, TW, VEC>(w, col.next() * VEC, A(1), wv);
+    } else {
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) wv[k] = A(1);
+    }
 #pragma unroll
     for (int k = 0; k < VEC; ++k) {
       const A xhat = (xv[k] - mu) * rs;
@@ -444,17 +448,24 @@ __global__ void __launch_bounds__(BLOCK, 1)
   typedef typename AccOf<T>::type A;
   __shared__ A red[2 * (BLOCK / 32)];
   if (*has_long == 0u) return;
-  for_long_shares(
-      off, B, D, R, cap,
-      [&](i64 c, int k, i64 s, i64 r0, i64 r1) {
-        const i64 cnt = (r1 - r0) * D;
-        A s1, s2;
-        bwd_sums<T, TW, A, VEC, BLOCK, false>(dy + r0 * D, x + r0 * D, int(cnt / VEC), D, w,
-                                              mean[s], rstd[s], nullptr, nullptr, s1, s2);
-        group_sum2<BLOCK>(s1, s2, red);
-        if (threadIdx.x == 0) part[2 * c + k] = Part{s, double(cnt), double(s1), double(s2)};
-      },
-      MarkUnused{part});
+  const i64 total = off[B];
+  const i64 chunks = (total + R - 1) / R;
+  for (i64 c = blockIdx.x; c < chunks; c += gridDim.x) {
+    const i64 row0 = c * R, row1 = row0 + R < total ? row0 + R : total;
+    int slot = 0;
+    for_long_in_chunk(off, B, D, cap, row0, row1, [&](i64 s, i64 r0, i64 r1) {
+      const i64 cnt = (r1 - r0) * D;
+      A s1, s2;
+      bwd_sums<T, TW, A, VEC, BLOCK, false>(dy + r0 * D, x + r0 * D, int(cnt / VEC), D, w, mean[s],
+                                            rstd[s], nullptr, nullptr, s1, s2);
+      group_sum2<BLOCK>(s1, s2, red);
+      if (threadIdx.x == 0) part[2 * c + slot] = Part{s, double(cnt), double(s1), double(s2)};
+      ++slot;
+    });
+    if (threadIdx.x == 0) {
+      for (; slot < 2; ++slot) part[2 * c + slot].seq = -1;
+    }
+  }
 }
 
 template <typename T, typename TW, typename I, int VEC, int BLOCK>
@@ -468,14 +479,15 @@ __global__ void __launch_bounds__(BLOCK, 1)
                   const unsigned* __restrict__ has_long) {
   typedef typename AccOf<T>::type A;
   if (*has_long == 0u) return;
-  for_long_shares(
-      off, B, D, R, cap,
-      [&](i64, int, i64 s, i64 r0, i64 r1) {
-        dx_vectors<T, TW, A, VEC, BLOCK>(dy + r0 * D, x + r0 * D, dx + r0 * D,
-                                         int((r1 - r0) * D / VEC), D, w, mean[s], rstd[s], c1[s],
-                                         c2[s]);
-      },
-      NoOp{});
+  const i64 total = off[B];
+  const i64 chunks = (total + R - 1) / R;
+  for (i64 c = blockIdx.x; c < chunks; c += gridDim.x) {
+    const i64 row0 = c * R, row1 = row0 + R < total ? row0 + R : total;
+    for_long_in_chunk(off, B, D, cap, row0, row1, [&](i64 s, i64 r0, i64 r1) {
+      dx_vectors<T, TW, A, VEC, BLOCK>(dy + r0 * D, x + r0 * D, dx + r0 * D, int((r1 - r0) * D / VEC),
+                                       D, w, mean[s], rstd[s], c1[s], c2[s]);
+    });
+  }
 }
 
 // Per-row copies of the sequence statistics (for the dw/db column kernel): row r gets the
