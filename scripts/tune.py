@@ -48,6 +48,22 @@ def candidates(n, vec, budget, subwarp_blocks):
     return out
 
 
+def staged(row_bytes, info):
+    """Dynamic shared memory of a row-tier kernel: the rows' bytes when they fit next to the
+    kernel's static shared memory, else 0 (re-read); as _launch's plans decide."""
+    return row_bytes if row_bytes <= info.smem_optin - _launch.STATIC_SMEM_MARGIN else 0
+
+
+def compiled(source, expr, dev, block, smem, what):
+    """(kernel, resident blocks), or None (and a line saying why) when it does not build."""
+    try:
+        k = _api._get(source, expr, dev, smem)
+    except Exception as e:  # noqa: BLE001
+        print(f"{what}: {expr}: {type(e).__name__}", flush=True)
+        return None
+    return k, _api._capacity(k, block, smem, dev)
+
+
 def fwd_candidates(n, vec):
     return candidates(n, vec, 32, (128, 256))
 
@@ -86,16 +102,12 @@ def main():
                 expr = _compile.template("ln_fwd_reg", tx, tx, tx, vec, items, tpr, block)
                 smem = 0
             else:
-                smem = -(-n * dt.itemsize // 16) * 16
-                stage = smem <= info.smem_optin - 1024
-                smem = smem if stage else 0
-                expr = _compile.template("ln_fwd_row", tx, tx, tx, vec, block, stage)
-            try:
-                k = _api._get(_compile.FWD_SOURCE, expr, dev, smem)
-            except Exception as e:  # noqa: BLE001
-                print(f"fwd N={n} {expr}: {type(e).__name__}", flush=True)
+                smem = staged(-(-n * dt.itemsize // 16) * 16, info)
+                expr = _compile.template("ln_fwd_row", tx, tx, tx, vec, block, smem > 0)
+            built = compiled(_compile.FWD_SOURCE, expr, dev, block, smem, f"fwd N={n}")
+            if built is None:
                 continue
-            cap = _api._capacity(k, block, smem, dev)
+            k, cap = built
             rows = block // tpr
             grids = [("persistent", cap), ("full", -(-m // rows))]
             for grid_name, grid in grids:
@@ -127,16 +139,12 @@ def main():
                 expr = _compile.template("ln_bwd_reg", tx, tx, vec, items, tpr, block)
                 smem = 0
             else:
-                smem = 2 * (-(-n * dt.itemsize // 16) * 16)
-                stage = smem <= info.smem_optin - 1024
-                smem = smem if stage else 0
-                expr = _compile.template("ln_bwd_row", tx, tx, vec, block, stage)
-            try:
-                k = _api._get(_compile.BWD_SOURCE, expr, dev, smem)
-            except Exception as e:  # noqa: BLE001
-                print(f"bwd N={n} {expr}: {type(e).__name__}", flush=True)
+                smem = staged(2 * (-(-n * dt.itemsize // 16) * 16), info)
+                expr = _compile.template("ln_bwd_row", tx, tx, vec, block, smem > 0)
+            built = compiled(_compile.BWD_SOURCE, expr, dev, block, smem, f"bwd N={n}")
+            if built is None:
                 continue
-            cap = _api._capacity(k, block, smem, dev)
+            k, cap = built
             red = _api._get(_compile.BWD_SOURCE, _launch.reduce_expr(dt, dt, dt), dev, 0)
             cols = _api._get(_compile.BWD_SOURCE, _launch.dwdb_cols_expr(dt), dev, 0)
             for mult in (0.5, 1, 2) if tier == "reg" else (1,):
