@@ -6,9 +6,14 @@ of L_i * D elements is normalized with one mean and rstd (float32; float64 for f
 values), then scaled and shifted per column by optional w, b of shape [D].
 
 Offsets are checked on the GPU: a small kernel flags offsets[0] != 0, a decrease, or
-offsets[-1] != total_L, and only its 16-byte verdict comes back to the host (one
-synchronization, not a copy of the offsets). ``check_offsets=False`` skips it (no
+offsets[-1] != total_L, and finds the longest sequence; only its 24-byte verdict comes back to
+the host (one synchronization, not a copy of the offsets). ``check_offsets=False`` skips it (no
 synchronization; for offsets known to be valid, e.g. inside CUDA-graph capture).
+
+The longest sequence (from the check, else the caller's ``max_seqlen``) decides whether the
+long path's kernels run at all: they are skipped when every sequence fits the short path.
+Without the check, a sequence longer than ``max_seqlen`` is still normalized right, walked from
+global memory by the forward's short kernel (slowly); the backward keeps the long path.
 """
 
 from __future__ import annotations
@@ -28,7 +33,9 @@ _PART_BYTES = 32  # struct Part in jagged.cu: int64 seq, double n, a, b
 # parameter layouts (see _driver): Q pointer, q int64, i int32, f/d the arithmetic type
 _ARGS = {
     # ... and every kernel but expand/check ends with has_long
-    "fwd_short": "QQqiQQQQQ{e}qQ",  # x, off, B, D, y, w, b, mean, rstd, eps, cap
+    "partition": "QqqQQ",  # off, B, G, parts
+    # x, off, D, y, w, b, mean, rstd, eps, cap, ring, parts, long_path
+    "fwd_short": "QQiQQQQQ{e}qiQiQ",
     "fwd_partial": "QQqiqqQQ",  # x, off, B, D, R, cap, part
     "combine": "QqiqqQQQQ{e}Q",  # off, B, D, R, cap, part, o1, o2, mean64, eps
     "fwd_apply": "QQqiqqQQQQQQ",  # x, off, B, D, R, cap, y, w, b, mean64, rstd
@@ -57,9 +64,12 @@ class _Kernels:
             fmt = _ARGS["combine" if role.endswith("combine") else role].format(e=e)
             self.launch[role] = Launcher(k, fmt)
             block = {"fwd_short": self.fwd.block, "bwd_short": self.bwd.block}.get(
-                role, _launch.JAG_CHUNK_BLOCK if role not in ("expand", "check") else 256
+                role, 256 if role in ("expand", "check", "partition") else _launch.JAG_CHUNK_BLOCK
             )
             self.capacity[role] = (_api._capacity(k, block, smem, dev), block, smem)
+        # the forward short kernel is persistent: every resident block, each with its groups
+        self.fwd_blocks = self.capacity["fwd_short"][0]
+        self.fwd_groups = self.fwd_blocks * (self.fwd.block // self.fwd.group)
         # dw/db: layer_norm_bwd.cu's column kernel and fixed-order reduce (b_dtype: db's dtype)
         cols = _api._get(_compile.BWD_SOURCE, _launch.dwdb_cols_expr(x_dtype), dev, 0)
         red = _api._get(_compile.BWD_SOURCE, _launch.reduce_expr(x_dtype, w_dtype, b_dtype), dev, 0)
@@ -103,11 +113,12 @@ def _check_offsets_array(offsets, dev: int) -> int:
     return offsets.shape[0] - 1
 
 
-def _check_offsets_on_gpu(k: _Kernels, offsets, b: int, total: int, stream: int) -> None:
+def _check_offsets_on_gpu(k: _Kernels, offsets, b: int, total: int, stream: int) -> int:
+    """Raises ValueError for bad offsets; returns the longest sequence's rows."""
     cupy = _cupy()
-    flags = cupy.array([0, 2**64 - 1], dtype=cupy.uint64)
+    flags = cupy.array([0, 2**64 - 1, 0], dtype=cupy.uint64)
     k("check", max(1, -(-b // 256)), stream, offsets.data.ptr, b, total, flags.data.ptr)
-    bits, first = (int(v) for v in flags.get())
+    bits, first, longest = (int(v) for v in flags.get())
     if bits & 1:
         raise ValueError(f"offsets[0] must be 0; got {int(offsets[0])}")
     if bits & 2:
@@ -119,6 +130,7 @@ def _check_offsets_on_gpu(k: _Kernels, offsets, b: int, total: int, stream: int)
         raise ValueError(
             f"offsets[-1] must equal values.shape[0] = {total}; got {int(offsets[-1])}"
         )
+    return longest
 
 
 def _setup(values, offsets, w, b, eps, max_seqlen):
@@ -142,6 +154,12 @@ def _prepare(values, offsets, w, b):
     return values, offsets, w, b
 
 
+def _long_path(longest, d: int, cap: int, total: int) -> bool:
+    """Whether the long path's kernels must run: some sequence may have more than ``cap``
+    elements (``longest``: a bound on the rows of every sequence, or None)."""
+    return total > 0 and (longest is None or longest * d > cap)
+
+
 # ------------------------------------------------------------------ public functions
 def jagged_forward(values, offsets, w=None, b=None, eps=1e-6, *, max_seqlen=None,
                    check_offsets=True):  # fmt: skip
@@ -153,8 +171,9 @@ def jagged_forward(values, offsets, w=None, b=None, eps=1e-6, *, max_seqlen=None
             Equal neighbours are empty sequences.
         w, b: optional per-feature scale and shift of shape [D], each of any float dtype.
         eps: added to each sequence's biased variance; finite and >= 0.
-        max_seqlen: optional bound on the sequence lengths (a hint: it sizes the shared memory
-            of the block-per-sequence kernel; longer sequences are still right).
+        max_seqlen: optional bound on the sequence lengths. It sizes the shared memory of the
+            short path, and without the offsets check it lets the long path's kernels be
+            skipped; a longer sequence is still normalized right, only slower.
         check_offsets: validate the offsets on the GPU first (one small synchronization).
 
     Returns:
@@ -172,24 +191,29 @@ def jagged_forward(values, offsets, w=None, b=None, eps=1e-6, *, max_seqlen=None
         wdt = values.dtype if w is None else w.dtype
         bdt = values.dtype if b is None else b.dtype
         k = _kernels(dev, d, values.dtype, wdt, bdt, offsets.dtype, vec, max_seqlen)
+        longest = max_seqlen
         if check_offsets:
-            _check_offsets_on_gpu(k, offsets, nseq, total, stream)
+            longest = _check_offsets_on_gpu(k, offsets, nseq, total, stream)
         mean = cupy.empty(nseq, acc)
         rstd = cupy.empty(nseq, acc)
         if nseq == 0:
             return y, mean, rstd
         x_ptr, o_ptr, y_ptr = values.data.ptr, offsets.data.ptr, y.data.ptr
         m_ptr, r_ptr, w_ptr, b_ptr = mean.data.ptr, rstd.data.ptr, _ptr(w), _ptr(b)
-        p = k.fwd
-        chunks = -(-total // p.rows)
-        # the long path's scratch: has_long flag, chunk records, the long sequences' exact means
-        part = cupy.cuda.alloc(16 + 2 * chunks * _PART_BYTES + 8 * nseq)
-        flag, recs = part.ptr, part.ptr + 16
+        p, groups = k.fwd, k.fwd_groups
+        long_path = _long_path(longest, d, p.cap, total)
+        chunks = -(-total // p.rows) if long_path else 0
+        # scratch: has_long flag, the groups' first sequences, the long path's chunk records
+        # and its sequences' exact means
+        part = cupy.cuda.alloc(16 + 8 * (groups + 1) + (2 * _PART_BYTES * chunks + 8 * nseq
+                                                         if long_path else 0))  # fmt: skip
+        flag, parts = part.ptr, part.ptr + 16
+        recs = parts + 8 * (groups + 1)
         mean64 = recs + 2 * chunks * _PART_BYTES
-        cupy.cuda.runtime.memsetAsync(flag, 0, 4, stream)
-        k("fwd_short", nseq, stream, x_ptr, o_ptr, nseq, d, y_ptr, w_ptr, b_ptr, m_ptr, r_ptr,
-          eps, p.cap, flag)  # fmt: skip
-        if total:
+        k("partition", -(-(nseq + 1) // 256), stream, o_ptr, nseq, groups, parts, flag)
+        k("fwd_short", k.fwd_blocks, stream, x_ptr, o_ptr, d, y_ptr, w_ptr, b_ptr, m_ptr, r_ptr,
+          eps, p.cap, p.ring, parts, int(long_path), flag)  # fmt: skip
+        if long_path:
             k("fwd_partial", chunks, stream, x_ptr, o_ptr, nseq, d, p.rows, p.cap, recs, flag)
             k("fwd_combine", nseq, stream, o_ptr, nseq, d, p.rows, p.cap, recs, m_ptr, r_ptr,
               mean64, eps, flag)  # fmt: skip
@@ -246,8 +270,9 @@ def jagged_backward(dy, values, offsets, w, mean, rstd, *, bias_dtype=None, max_
         ptrs = (values.data.ptr, dy.data.ptr, dx.data.ptr)
         vec = _launch.vector_width(values.itemsize, d, (), ptrs)
         k = _kernels(dev, d, values.dtype, wdt, db_dtype, offsets.dtype, vec, max_seqlen)
+        longest = None  # the backward has no slow walk: only the check may skip the long path
         if check_offsets:
-            _check_offsets_on_gpu(k, offsets, nseq, total, stream)
+            longest = _check_offsets_on_gpu(k, offsets, nseq, total, stream)
         if total == 0:
             db.fill(0)
             if dw is not None:
@@ -256,19 +281,23 @@ def jagged_backward(dy, values, offsets, w, mean, rstd, *, bias_dtype=None, max_
         x_ptr, g_ptr, dx_ptr = ptrs
         o_ptr, w_ptr, m_ptr, r_ptr = offsets.data.ptr, _ptr(w), mean.data.ptr, rstd.data.ptr
         p = k.bwd
-        chunks = -(-total // p.rows)
+        long_path = _long_path(longest, d, p.cap, total)
+        chunks = -(-total // p.rows) if long_path else 0
         part = cupy.cuda.alloc(16 + 2 * chunks * _PART_BYTES)
         flag, recs = part.ptr, part.ptr + 16
-        cupy.cuda.runtime.memsetAsync(flag, 0, 4, stream)
+        if long_path:  # else no sequence is long and the short kernel never writes the flag
+            cupy.cuda.runtime.memsetAsync(flag, 0, 4, stream)
         k("bwd_short", nseq, stream, g_ptr, x_ptr, o_ptr, nseq, d, w_ptr, m_ptr, r_ptr, dx_ptr,
           p.cap, flag)  # fmt: skip
-        coef = cupy.empty((2, nseq), acc)
-        c1, c2 = coef.data.ptr, coef.data.ptr + nseq * acc.itemsize
-        k("bwd_partial", chunks, stream, g_ptr, x_ptr, o_ptr, nseq, d, p.rows, p.cap, w_ptr,
-          m_ptr, r_ptr, recs, flag)  # fmt: skip
-        k("bwd_combine", nseq, stream, o_ptr, nseq, d, p.rows, p.cap, recs, c1, c2, 0, 0.0, flag)
-        k("bwd_apply", chunks, stream, g_ptr, x_ptr, o_ptr, nseq, d, p.rows, p.cap, w_ptr, m_ptr,
-          r_ptr, c1, c2, dx_ptr, flag)  # fmt: skip
+        if long_path:
+            coef = cupy.empty((2, nseq), acc)
+            c1, c2 = coef.data.ptr, coef.data.ptr + nseq * acc.itemsize
+            k("bwd_partial", chunks, stream, g_ptr, x_ptr, o_ptr, nseq, d, p.rows, p.cap, w_ptr,
+              m_ptr, r_ptr, recs, flag)  # fmt: skip
+            k("bwd_combine", nseq, stream, o_ptr, nseq, d, p.rows, p.cap, recs, c1, c2, 0, 0.0,
+              flag)  # fmt: skip
+            k("bwd_apply", chunks, stream, g_ptr, x_ptr, o_ptr, nseq, d, p.rows, p.cap, w_ptr,
+              m_ptr, r_ptr, c1, c2, dx_ptr, flag)  # fmt: skip
         # dw/db: column sums over all rows, with each row's sequence statistics
         rows = cupy.empty((2, total), acc)
         rm, rr = rows.data.ptr, rows.data.ptr + total * acc.itemsize

@@ -162,67 +162,90 @@ def grid_size(m: int, rows_per_block: int, capacity: int) -> int:
 
 
 # ------------------------------------------------------------------ jagged (kernels/jagged.cu)
-# Block-per-sequence kernels (scripts/tune_jagged.py, Helion batches B = 16384, lengths 1..128):
-# 256 threads with 4 loads in flight each where several blocks share an SM (bf16 D=256: 3084
-# GB/s against 2023 at 512 threads, which leave one block per SM by registers; fp32 D=32 2623
-# against 1617); 512 threads with 8 loads in flight where the staged sequence leaves room for
-# one block per SM only (fp32 D=256, 128 KB: 2992 against 1781 at 256 x 4).
+# Forward short path: one block per SM of JAG_RING_BLOCK threads holding the whole shared memory
+# as staging rings, one ring per group of threads (the block, or each warp when a sequence of
+# max_seqlen rows fits a warp's share: many small sequences in flight at once).
+JAG_RING_BLOCK = 512
+JAG_RING_WARPS = (16, 8)  # warps per block tried, in order, for warp-per-sequence groups
+JAG_RING_SPLIT = 1  # block groups: blocks sharing an SM's shared memory, when rings still fit
+# Backward block-per-sequence kernel (scripts/tune_jagged.py, Helion batches B = 16384,
+# lengths 1..128): 256 threads with 4 loads in flight each where several blocks share an SM;
+# 512 threads with 8 loads in flight where the staged sequence leaves room for one block per SM.
 JAG_BLOCK = 256
 JAG_UNROLL = 4
 JAG_BLOCK_ALONE = 512
 JAG_UNROLL_ALONE = 8
 JAG_CHUNK_BLOCK = 256  # chunk kernels of the long path
-JAG_DEFAULT_SMEM = 96 * 1024  # staged bytes per block without a max_seqlen hint: 2 blocks/SM
+JAG_DEFAULT_SMEM = 96 * 1024  # backward: staged bytes per block without a max_seqlen hint
 
 
 @dataclass(frozen=True)
 class JaggedPlan:
-    """Launch shape of the jagged kernels for one (D, dtypes, vec). ``cap``: elements a
-    sequence (forward) or each of x and dy (backward) may have to take the block-per-sequence
-    path; ``rows``: rows per chunk of the long path (2 * rows * D <= cap); ``smem``: dynamic
-    shared bytes of the block-per-sequence kernel, run with ``block`` threads and ``unroll``
-    loads in flight per thread."""
+    """Launch shape of the jagged kernels for one (D, dtype, vector width, max_seqlen).
 
-    vec: int
+    ``cap``: elements a sequence (forward) or each of x and dy (backward) may have to take the
+    short path; ``rows``: rows per chunk of the long path (2 * rows * D <= cap, or 1);
+    ``smem``: dynamic shared bytes of the short kernel, run with ``block`` threads. Forward:
+    ``group`` threads per sequence (``block`` or 32), each group with a ring of ``ring``
+    packs of the vector width. Backward: ``unroll`` loads in flight per thread."""
+
     cap: int
     rows: int
     smem: int
-    block: int = JAG_BLOCK
-    unroll: int = JAG_UNROLL
+    block: int
+    group: int = 0
+    ring: int = 0
+    unroll: int = 1
+
+
+def _jagged_rows(cap: int, d: int) -> int:
+    return max(1, cap // (2 * d))
 
 
 def jagged_plan(d: int, x_dtype, vec: int, smem_limit: int, max_seqlen, backward: bool):
-    """Shared memory for the block-per-sequence path: exactly what a sequence of
-    ``max_seqlen`` rows needs when the caller gives that bound (more blocks per SM for short
-    sequences), else JAG_DEFAULT_SMEM; never past the device's opt-in limit."""
-    arrays = 2 if backward else 1
+    """Shared memory and threads of the short path. Forward: rings fill the usable shared
+    memory; ``cap`` is what a sequence of ``max_seqlen`` rows needs when the caller gives that
+    bound (longer sequences take the long path), else the ring. Backward: exactly what x and dy
+    of ``max_seqlen`` rows need (more blocks per SM for short sequences), else
+    JAG_DEFAULT_SMEM; never past the device's opt-in limit."""
     usable = smem_limit - STATIC_SMEM_MARGIN
-    if max_seqlen:
-        want = arrays * _cdiv(max_seqlen * d * x_dtype.itemsize, 16) * 16
-    else:
-        want = JAG_DEFAULT_SMEM
-    smem = min(want, usable) // (16 * arrays) * (16 * arrays)
-    cap = smem // arrays // x_dtype.itemsize
+    item = x_dtype.itemsize
+    hint = max_seqlen * d if max_seqlen else None
+    if not backward:
+        pack = vec * item
+        warps = [w for w in JAG_RING_WARPS if hint and hint * item * w <= usable]
+        if warps:
+            block, group, share = 32 * warps[0], 32, usable
+        else:
+            block = group = JAG_RING_BLOCK
+            shares = [smem_limit // k - STATIC_SMEM_MARGIN for k in range(JAG_RING_SPLIT, 0, -1)]
+            share = next(m for m in shares if not hint or hint * item <= m or m == usable)
+        groups = block // group
+        ring = share // groups // pack
+        cap = ring * vec if hint is None else min(hint, ring * vec)
+        return JaggedPlan(cap, _jagged_rows(cap, d), ring * pack * groups, block, group, ring)
+    want = 2 * _cdiv(hint * item, 16) * 16 if hint else JAG_DEFAULT_SMEM
+    smem = min(want, usable) // 32 * 32
+    cap = smem // 2 // item
     alone = 2 * (smem + STATIC_SMEM_MARGIN) > smem_limit
     block, unroll = (JAG_BLOCK_ALONE, JAG_UNROLL_ALONE) if alone else (JAG_BLOCK, JAG_UNROLL)
-    return JaggedPlan(vec, cap, max(1, cap // (2 * d)), smem, block, unroll)
+    return JaggedPlan(cap, _jagged_rows(cap, d), smem, block, unroll=unroll)
 
 
-def jagged_exprs(x_dtype, w_dtype, b_dtype, offsets_ctype: str, vec: int, fwd=None,
-                 bwd=None) -> dict:  # fmt: skip
+def jagged_exprs(x_dtype, w_dtype, b_dtype, offsets_ctype: str, vec: int, fwd: JaggedPlan,
+                 bwd: JaggedPlan) -> dict:  # fmt: skip
     """Template instantiations of kernels/jagged.cu for one problem, by role (``fwd``/``bwd``:
-    the JaggedPlans giving the block-per-sequence kernels' shapes; default shapes without)."""
+    the plans giving the short kernels' shapes)."""
     tx, tw, tb, acc = ctype(x_dtype), ctype(w_dtype), ctype(b_dtype), ctype(acc_dtype(x_dtype))
-    fb, fu = (fwd.block, fwd.unroll) if fwd else (JAG_BLOCK, JAG_UNROLL)
-    bb, bu = (bwd.block, bwd.unroll) if bwd else (JAG_BLOCK, JAG_UNROLL)
     i, cb = offsets_ctype, JAG_CHUNK_BLOCK
     t = _compile.template
     return {
-        "fwd_short": t("jag_fwd_short", tx, tw, tb, i, vec, fb, fu),
+        "partition": t("jag_partition", i),
+        "fwd_short": t("jag_fwd_short", tx, tw, tb, i, vec, fwd.block, fwd.group),
         "fwd_partial": t("jag_fwd_partial", tx, i, vec, cb),
         "fwd_combine": t("jag_combine", acc, i, True, cb),
         "fwd_apply": t("jag_fwd_apply", tx, tw, tb, i, vec, cb),
-        "bwd_short": t("jag_bwd_short", tx, tw, i, vec, bb, max(1, bu // 2)),
+        "bwd_short": t("jag_bwd_short", tx, tw, i, vec, bwd.block, max(1, bwd.unroll // 2)),
         "bwd_partial": t("jag_bwd_partial", tx, tw, i, vec, cb),
         "bwd_combine": t("jag_combine", acc, i, False, cb),
         "bwd_apply": t("jag_bwd_apply", tx, tw, i, vec, cb),

@@ -1,6 +1,7 @@
-"""Measure the jagged kernels' launch shapes: threads per block and loads in flight for the
-block-per-sequence kernels, on the Helion batches (B sequences of 1..128 rows). Prints GB/s
-(forward 2x, backward 3x the bytes of values) and checks every variant against the first.
+"""Measure the jagged kernels' launch shapes on the Helion batches (B sequences of 1..128 rows):
+the forward ring kernel's threads per block and warp groups, the backward block-per-sequence
+kernel's threads and loads in flight. Prints GB/s (forward 2x, backward 3x the bytes of
+values) and checks every variant against the first.
     python scripts/tune_jagged.py"""
 
 import itertools
@@ -10,50 +11,82 @@ import cupy
 from cupyln import _jagged, _launch, bench
 
 KW = dict(max_seqlen=128, check_offsets=False)
+SHAPES = ((16384, 256), (16384, 32))
 
 
-def measure(values, offsets, dy, block, unroll):
-    """(y, dx, forward ms, backward ms, kernels) with the block-per-sequence kernels at
-    ``block`` threads and ``unroll`` loads in flight."""
+def kernels(values, offsets):
+    dt = values.dtype
+    return _jagged._kernels(values.data.device_id, values.shape[1], dt, dt, dt, offsets.dtype,
+                            16 // values.itemsize, 128)  # fmt: skip
+
+
+def forward(values, offsets, ring_block, warps, split):
+    """(y, ms, kernels) for one ring shape."""
+    _launch.JAG_RING_BLOCK, _launch.JAG_RING_WARPS = ring_block, warps
+    _launch.JAG_RING_SPLIT = split
+    _jagged._kernels.cache_clear()
+    y, _, _ = _jagged.jagged_forward(values, offsets, **KW)
+    ms = bench.time_ms(lambda: _jagged.jagged_forward(values, offsets, **KW))
+    return y, ms, kernels(values, offsets)
+
+
+def backward(values, offsets, dy, block, unroll):
     _launch.JAG_BLOCK = _launch.JAG_BLOCK_ALONE = block
     _launch.JAG_UNROLL = _launch.JAG_UNROLL_ALONE = unroll
     _jagged._kernels.cache_clear()
-    y, mean, rstd = _jagged.jagged_forward(values, offsets, **KW)
+    _, mean, rstd = _jagged.jagged_forward(values, offsets, **KW)
     dx, _, _ = _jagged.jagged_backward(dy, values, offsets, None, mean, rstd, **KW)
-    tf = bench.time_ms(lambda: _jagged.jagged_forward(values, offsets, **KW))
-    tb = bench.time_ms(lambda: _jagged.jagged_backward(dy, values, offsets, None, mean, rstd,
+    ms = bench.time_ms(lambda: _jagged.jagged_backward(dy, values, offsets, None, mean, rstd,
                                                        **KW))  # fmt: skip
-    dt = values.dtype
-    k = _jagged._kernels(values.data.device_id, values.shape[1], dt, dt, dt, offsets.dtype,
-                         16 // values.itemsize, 128)  # fmt: skip
-    return y, dx, tf, tb, k
+    return dx, ms, kernels(values, offsets)
 
 
-def main() -> None:
+def close(a, b):
+    # bf16 outputs may differ by one rounding step (0.016 at |y| in [2, 4))
+    return bool(cupy.allclose(a.astype(cupy.float32), b.astype(cupy.float32), atol=0.05))
+
+
+def main(backward_too: bool = False) -> None:
     copy = bench.copy_bandwidth()
     print(f"copy {copy:.0f} GB/s", flush=True)
-    for dtype, (b, d) in itertools.product(("float32", "bfloat16"), ((16384, 256), (16384, 32))):
+    defaults = (_launch.JAG_RING_BLOCK, _launch.JAG_RING_WARPS, _launch.JAG_RING_SPLIT)
+    for dtype, (b, d) in itertools.product(("float32", "bfloat16"), SHAPES):
         values, offsets, dy = bench.jagged_inputs(b, d, dtype)
-        first = None
-        for block, unroll in itertools.product((256, 512, 1024), (4, 8)):
+        gb = 2 * values.nbytes * 1e-6
+        first, seen = None, set()
+        shapes = itertools.product((256, 512, 1024), ((16, 8), (8,), ()), (1, 2, 3))
+        for ring_block, warps, split in shapes:
             try:
-                y, dx, tf, tb, k = measure(values, offsets, dy, block, unroll)
+                y, ms, k = forward(values, offsets, ring_block, warps, split)
             except Exception as e:  # noqa: BLE001
-                print(f"{dtype} B={b} D={d} block={block} unroll={unroll}: {e}", flush=True)
+                print(f"{dtype} B={b} D={d} ring {ring_block} warps {warps}: {e}", flush=True)
                 continue
-            first = first or (y.astype(cupy.float32), dx.astype(cupy.float32))
-            # bf16 outputs may differ by one rounding step (0.016 at |y| in [2, 4))
-            ok = bool(cupy.allclose(y.astype(cupy.float32), first[0], atol=0.05))
-            ok = ok and bool(cupy.allclose(dx.astype(cupy.float32), first[1], atol=0.05))
-            fg, bg = 2 * values.nbytes / tf * 1e-6, 3 * values.nbytes / tb * 1e-6
-            print(f"{dtype:8s} B={b} D={d:3d} block={block:4d} unroll={unroll} "
-                  f"fwd {fg:5.0f} GB/s ({fg / copy:4.0%}) "
-                  f"regs={k.launch['fwd_short'].kernel.num_regs} "
-                  f"resident={k.capacity['fwd_short'][0]}  bwd {bg:5.0f} GB/s ({bg / copy:4.0%}) "
+            p = k.fwd
+            if (p.block, p.group, p.smem) in seen:
+                continue
+            seen.add((p.block, p.group, p.smem))
+            first = y if first is None else first
+            print(f"{dtype:8s} B={b} D={d:3d} ring block={ring_block:4d} warps={warps!s:7s} "
+                  f"group={p.group:4d} smem={p.smem >> 10:3d}K fwd {gb / ms:5.0f} GB/s "
+                  f"({gb / ms / copy:4.0%}) regs={k.launch['fwd_short'].kernel.num_regs} "
+                  f"blocks={k.fwd_blocks} "
+                  f"{'' if close(y, first) else 'MISMATCH'}", flush=True)  # fmt: skip
+        _launch.JAG_RING_BLOCK, _launch.JAG_RING_WARPS, _launch.JAG_RING_SPLIT = defaults
+        if not backward_too:
+            continue
+        first = None
+        for block, unroll in itertools.product((256, 512), (4, 8)):
+            dx, ms, k = backward(values, offsets, dy, block, unroll)
+            first = dx if first is None else first
+            g = 1.5 * gb
+            print(f"{dtype:8s} B={b} D={d:3d} bwd block={block:4d} unroll={unroll} "
+                  f"{g / ms:5.0f} GB/s ({g / ms / copy:4.0%}) "
                   f"regs={k.launch['bwd_short'].kernel.num_regs} "
-                  f"resident={k.capacity['bwd_short'][0]} {'' if ok else 'MISMATCH'}",
+                  f"resident={k.capacity['bwd_short'][0]} {'' if close(dx, first) else 'MISMATCH'}",
                   flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":
-    main()
+    import sys
+
+    main(backward_too="--backward" in sys.argv)

@@ -61,15 +61,17 @@ def test_every_variant_compiles_without_spills(x_dtype, source, arch):
 
 def jagged_variants(x_dtype):
     """Every jagged kernel role for both offset types and vector widths, with w/b of x's dtype
-    and of float32."""
+    and of float32, and every short-kernel shape: forward block and warp groups (16 and 8 warps
+    per block), backward sharing an SM or alone on it."""
     out = set()
-    alone = _launch.JaggedPlan(1, 1, 1, 1, _launch.JAG_BLOCK_ALONE, _launch.JAG_UNROLL_ALONE)
+    warp8 = 16384 // (256 * x_dtype.itemsize)  # a 16 KB sequence: 8 warps' rings fit
     for tw in {x_dtype, TABLE_F32}:
         for o in ("int", "long long"):
             for vec in _vecs(x_dtype):
-                for plan in (None, alone):
-                    exprs = _launch.jagged_exprs(x_dtype, tw, tw, o, vec, plan, plan)
-                    out.update(exprs.values())
+                for seqlen in (None, 1, warp8, 128):
+                    fwd = _launch.jagged_plan(256, x_dtype, vec, SMEM_H100, seqlen, False)
+                    bwd = _launch.jagged_plan(256, x_dtype, vec, SMEM_H100, seqlen, True)
+                    out.update(_launch.jagged_exprs(x_dtype, tw, tw, o, vec, fwd, bwd).values())
     return sorted(out)
 
 

@@ -1,6 +1,7 @@
 """GPU tier of the jagged LayerNorm: against the float64 reference (cupyln.reference.jagged_*),
-both kernel paths (block per sequence, and the chunked path for long sequences, forced with a
-small max_seqlen hint), skewed lengths, empty sequences, determinism, bad offsets.
+every kernel path (the short path's block and warp groups, the chunked path for long
+sequences and the short kernel's walk of a sequence longer than max_seqlen, both forced with a
+small max_seqlen), skewed lengths, empty sequences, determinism, bad offsets.
 
 Tolerances: cupyln.reference.TOLERANCE by output dtype; dw/db allow atol * sqrt(rows).
 """
@@ -72,11 +73,15 @@ def test_seed_sweep(b, d):
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float64"])
 @pytest.mark.parametrize("max_seqlen", [None, 128, 2])
-def test_dtypes_and_both_paths(dtype, max_seqlen):
-    """max_seqlen=2 gives the block-per-sequence kernel room for 2 rows only: every longer
-    sequence takes the chunked path."""
+@pytest.mark.parametrize("check_offsets", [True, False])
+def test_dtypes_and_all_paths(dtype, max_seqlen, check_offsets):
+    """max_seqlen=2 gives the short path room for 2 rows only. With the offsets check the host
+    learns that longer sequences exist: they take the chunked path. Without it the host trusts
+    the bound and skips the chunked path: the forward's short kernel walks every longer
+    sequence from global memory, and the backward keeps the chunked path."""
     lengths = np.random.default_rng(1).integers(0, 129, 300)
-    check(*batch(lengths, 256, dtype, wdt=dtype, bdt="float32"), max_seqlen=max_seqlen)
+    check(*batch(lengths, 256, dtype, wdt=dtype, bdt="float32"), max_seqlen=max_seqlen,
+          check_offsets=check_offsets)  # fmt: skip
 
 
 @pytest.mark.parametrize("d", [1, 3, 17, 64, 769, 4096])
@@ -114,12 +119,15 @@ def test_one_huge_sequence_among_many_short():
 
 
 @pytest.mark.parametrize("max_seqlen", [None, 2])
-def test_large_mean_sequences_stay_exact(max_seqlen):
-    """1e4 + 0.5 randn: the statistics are shifted by a sequence's (or chunk's) first element
-    and the chunked path applies the mean in double, so y keeps float32 accuracy."""
+@pytest.mark.parametrize("check_offsets", [True, False])
+def test_large_mean_sequences_stay_exact(max_seqlen, check_offsets):
+    """1e4 + 0.5 randn: the short path takes the variance about a first mean (corrected
+    two-pass), the walks shift by a sequence's (or chunk's) first element and the chunked path
+    applies the mean in double, so y keeps float32 accuracy."""
     values, offsets, w, b, _ = batch([100, 3000, 7], 128, "float32")
     values = values + np.float32(1e4)
-    y, mean, rstd = cupyln.jagged_forward(values, offsets, w, b, max_seqlen=max_seqlen)
+    y, mean, rstd = cupyln.jagged_forward(values, offsets, w, b, max_seqlen=max_seqlen,
+                                          check_offsets=check_offsets)  # fmt: skip
     yr, meanr, rstdr = ref.jagged_forward(values, offsets, w, b)
     ref.assert_close(y, yr, "y")
     ref.assert_close(mean, meanr, "mean")

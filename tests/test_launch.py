@@ -90,13 +90,20 @@ def test_dwdb_slices_cover_rows_within_grid_limits(m, n):
 @pytest.mark.parametrize("backward", [False, True])
 def test_jagged_plan_keeps_chunks_inside_the_invariant(d, dtype, max_seqlen, backward):
     """A chunk of R rows meets at most two long sequences: R = 1, or 2 * R * D <= cap (a
-    long sequence has more than cap elements); the staged sequence fits the shared memory."""
+    long sequence has more than cap elements); a staged sequence fits the shared memory (the
+    forward: one group's ring, the rings of all groups filling the block's share)."""
     dt = ref.BFLOAT16 if dtype == "bfloat16" else np.dtype(dtype)
     for limit in (SMEM_H100, SMEM_A100):
         p = _launch.jagged_plan(d, dt, 1, limit, max_seqlen, backward)
-        arrays = 2 if backward else 1
-        assert p.smem <= limit - _launch.STATIC_SMEM_MARGIN
-        assert p.cap * dt.itemsize * arrays <= p.smem and p.smem % 16 == 0
+        assert p.smem <= limit - _launch.STATIC_SMEM_MARGIN and p.smem % 16 == 0
+        if backward:
+            assert p.cap * dt.itemsize * 2 <= p.smem
+            room = p.smem // 2
+        else:
+            assert p.group in (32, p.block) and p.block % 32 == 0
+            assert p.ring * dt.itemsize * (p.block // p.group) == p.smem
+            assert p.cap <= p.ring
+            room = p.ring * dt.itemsize
         assert p.rows >= 1 and (p.rows == 1 or 2 * p.rows * d <= p.cap)
-        if max_seqlen and max_seqlen * d * dt.itemsize * arrays <= p.smem:
+        if max_seqlen and max_seqlen * d * dt.itemsize <= room:
             assert p.cap >= max_seqlen * d

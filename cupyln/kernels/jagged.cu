@@ -6,10 +6,18 @@
 // variance, two-pass), then scaled by the per-column w and shifted by b (optional).
 //
 // Two paths, chosen per sequence on the GPU (the host never reads the offsets):
-//   * short (L*D <= CAP elements, CAP set by the host from the shared memory it gives a block):
-//     one block per sequence, grid-stride over sequences; the sequence is staged in shared
-//     memory as it is read, so x is read once and y written once (backward: x and dy staged).
-//     Each thread reads back only the vectors it staged, so staging needs no barrier.
+//   * short (L*D <= CAP elements, CAP set by the host from max_seqlen and shared memory):
+//     forward: a group of threads (a block, or a warp for small sequences) walks a contiguous
+//     range of sequences holding about total_L/G rows (jag_partition cuts them), staging each
+//     sequence in a shared-memory ring with cp.async up to six sequences ahead of the one it
+//     computes (three passes over the staged copy: mean, corrected variance, y). x is read
+//     once and y written once, and the loads never wait for the arithmetic. When the host
+//     knows that no sequence is long (max_seqlen, or the offsets check) it passes
+//     long_path = 0 and skips the chunk kernels; a sequence longer than promised is then
+//     walked from global memory by its group (right, but slow).
+//     backward: one block per sequence, grid-stride over sequences; x and dy are staged in
+//     shared memory as they are read. Each thread reads back only the vectors it staged, so
+//     staging needs no barrier.
 //   * long: the rows are cut into fixed chunks of R rows (chunk c = rows [c*R, (c+1)*R)),
 //     with 2*R*D <= CAP, so a long sequence (L > 2R) never lies inside one chunk and at most
 //     two long sequences touch a chunk: each chunk writes at most two partial records in its
@@ -18,8 +26,9 @@
 //     deterministic; a third applies the statistics chunk by chunk. x is read twice there.
 //     The block-per-sequence kernel raises *has_long when it skips a sequence; the chunk
 //     kernels return at once when nothing was skipped.
-// Statistics are exact for large-mean data: sums are taken of x minus the share's first
-// element, and the long path applies the mean in double.
+// Statistics are exact for large-mean data: the short path sums x minus a first mean (the
+// corrected two-pass variance), the long path x minus the share's first element, and applies
+// the mean in double.
 // Backward: dx = rstd * (w*dy - (xhat * sum(w*dy*xhat) + sum(w*dy)) / (L*D)) per sequence, by
 // the same two paths; dw/db are column sums over all rows, computed by layer_norm_bwd.cu's
 // column kernel on per-row copies of the sequence statistics (jag_expand_stats).
@@ -46,7 +55,7 @@ __device__ __forceinline__ i64 seq_of_row(const I* __restrict__ off, const i64 B
 }
 
 template <typename T, int VEC>
-__device__ __forceinline__ Pack<T, VEC> ld(const T* __restrict__ p, const int v) {
+__device__ __forceinline__ Pack<T, VEC> ld(const T* __restrict__ p, const i64 v) {
   return reinterpret_cast<const Pack<T, VEC>*>(p)[v];
 }
 
@@ -77,25 +86,25 @@ struct ColumnWalk {
 };
 
 // ============================================================================ forward
-// Sum of (x - k) over the nv vectors of p[0 .. nv*VEC) owned by this thread (v = tid,
-// tid + BLOCK, ...), U loads in flight; stores each vector to stage[v] when STAGE. The shift
-// k (the share's first element) keeps large-mean data exact, as in layer_norm_fwd.cu.
-template <typename T, typename A, int VEC, int BLOCK, bool STAGE, int U = 4>
-__device__ __forceinline__ A sum_vectors(const T* __restrict__ p, const int nv, const A k0,
-                                         T* stage) {
+// Walks from global memory, by the S threads of a group (t: this thread's index in it; thread t
+// owns vectors t, t + S, ...), with U loads in flight:
+// Sum of (x - k) over the nv vectors of p[0 .. nv*VEC). The shift k (the share's first
+// element) keeps large-mean data exact, as in layer_norm_fwd.cu.
+template <typename T, typename A, int VEC, int S, int U = 4>
+__device__ __forceinline__ A sum_vectors(const T* __restrict__ p, const i64 nv, const A k0,
+                                         const int t) {
   A sum = 0;
-  for (int v0 = threadIdx.x; v0 < nv; v0 += U * BLOCK) {
+  for (i64 v0 = t; v0 < nv; v0 += U * S) {
     Pack<T, VEC> pk[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const int v = v0 + u * BLOCK;
+      const i64 v = v0 + u * S;
       if (v < nv) pk[u] = ld<T, VEC>(p, v);
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const int v = v0 + u * BLOCK;
+      const i64 v = v0 + u * S;
       if (v < nv) {
-        if constexpr (STAGE) reinterpret_cast<Pack<T, VEC>*>(stage)[v] = pk[u];
 #pragma unroll
         for (int k = 0; k < VEC; ++k) sum += static_cast<A>(widen(pk[u].v[k])) - k0;
       }
@@ -104,20 +113,21 @@ __device__ __forceinline__ A sum_vectors(const T* __restrict__ p, const int nv, 
   return sum;
 }
 
-template <typename T, typename A, int VEC, int BLOCK>
-__device__ __forceinline__ A sq_dev_vectors(const T* __restrict__ p, const int nv, const A k0,
-                                            const A mu) {
+// Sum of ((x - k) - mu)^2 over the same vectors.
+template <typename T, typename A, int VEC, int S>
+__device__ __forceinline__ A sq_dev_vectors(const T* __restrict__ p, const i64 nv, const A k0,
+                                            const A mu, const int t) {
   A sq = 0;
-  for (int v0 = threadIdx.x; v0 < nv; v0 += 4 * BLOCK) {
+  for (i64 v0 = t; v0 < nv; v0 += 4 * S) {
     Pack<T, VEC> pk[4];
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
-      const int v = v0 + u * BLOCK;
+      const i64 v = v0 + u * S;
       if (v < nv) pk[u] = ld<T, VEC>(p, v);
     }
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
-      const int v = v0 + u * BLOCK;
+      const i64 v = v0 + u * S;
       if (v < nv) {
 #pragma unroll
         for (int k = 0; k < VEC; ++k) {
@@ -133,16 +143,16 @@ __device__ __forceinline__ A sq_dev_vectors(const T* __restrict__ p, const int n
 // y = ((x - k) - mu) * rs * w + b for the nv vectors at src (row-major, D columns, starting at
 // a row start), written at dst. M is the type of k and mu: A with the share's shift, or double
 // (k = 0, mu the exact mean) where no shift is at hand.
-template <typename T, typename TW, typename TB, typename A, typename M, int VEC, int BLOCK>
+template <typename T, typename TW, typename TB, typename A, typename M, int VEC, int S>
 __device__ __forceinline__ void apply_vectors(const T* __restrict__ src, T* __restrict__ dst,
-                                              const int nv, const int D, const M k0, const M mu,
+                                              const i64 nv, const int D, const M k0, const M mu,
                                               const A rs, const TW* __restrict__ w,
-                                              const TB* __restrict__ b) {
-  ColumnWalk col(threadIdx.x, BLOCK, D / VEC);
+                                              const TB* __restrict__ b, const int t) {
+  ColumnWalk col(t, S, D / VEC);
   const bool affine = w != nullptr || b != nullptr;
-  for (int v = threadIdx.x; v < nv; v += BLOCK) {
+  for (i64 v = t; v < nv; v += S) {
     A xv[VEC], wv[VEC], bv[VEC], out[VEC];
-    load_pack<A, T, VEC>(src + static_cast<i64>(v) * VEC, xv);
+    load_pack<A, T, VEC>(src + v * VEC, xv);
     if (affine) {
       const int c = col.next() * VEC;
       load_cols<A, TW, VEC>(w, c, A(1), wv);
@@ -155,49 +165,222 @@ __device__ __forceinline__ void apply_vectors(const T* __restrict__ src, T* __re
     for (int k = 0; k < VEC; ++k) {
       out[k] = static_cast<A>((static_cast<M>(xv[k]) - k0) - mu) * rs * wv[k] + bv[k];
     }
-    store_pack<T, A, VEC>(dst + static_cast<i64>(v) * VEC, out);
+    store_pack<T, A, VEC>(dst + v * VEC, out);
   }
 }
 
-template <typename T, typename TW, typename TB, typename I, int VEC, int BLOCK, int UNROLL>
+// ---------------------------------------------------------------- staging ring (short path)
+// A group of GROUP threads walks its own contiguous range of sequences (parts[g] ..
+// parts[g + 1], cut by jag_partition so that every group gets about the same number of rows).
+// Each sequence is copied global -> shared into the group's ring of `ring` packs with cp.async
+// (sm_80+: no registers hold data in flight) up to DEPTH sequences ahead of the one being
+// computed, so the loads of the next sequences overlap the passes over this one. Pack v of a
+// sequence is copied and later read by thread v % GROUP of the group, so a thread waits only for
+// its own copies; the group synchronizes once per sequence before its slots are reused.
+constexpr int JAG_DEPTH = 6;
+
+template <int BYTES>
+__device__ __forceinline__ void copy_async(void* dst, const void* src) {
+  if constexpr (BYTES == 16 || BYTES == 8 || BYTES == 4) {
+    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+    if constexpr (BYTES == 16) {
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(src) : "memory");
+    } else {
+      asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" ::"r"(s), "l"(src), "n"(BYTES)
+                   : "memory");
+    }
+  } else {  // 2-byte packs (one 16-bit element): an ordinary load and store
+    *static_cast<unsigned short*>(dst) = *static_cast<const unsigned short*>(src);
+  }
+}
+
+__device__ __forceinline__ void commit_copies() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+
+// Waits until at most n (0 <= n <= N) of this thread's newest copy groups are pending.
+template <int N = JAG_DEPTH>
+__device__ __forceinline__ void wait_copies(const int n) {
+  if constexpr (N == 0) {
+    asm volatile("cp.async.wait_group 0;" ::: "memory");
+  } else if (n >= N) {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+  } else {
+    wait_copies<N - 1>(n);
+  }
+}
+
+// Synchronizes the GROUP threads of a group: the block (GROUP == BLOCK) or a warp (GROUP == 32).
+template <int GROUP, int BLOCK>
+__device__ __forceinline__ void group_sync() {
+  static_assert(GROUP == BLOCK || GROUP == 32, "a group is the block or a warp");
+  if constexpr (GROUP == BLOCK) {
+    __syncthreads();
+  } else {
+    __syncwarp();
+  }
+}
+
+// The ring of one group: packs [head, head + used) (mod size) hold staged sequences, oldest
+// first; the next one goes at tail.
+template <typename P, int GROUP>
+struct Ring {
+  P* slot;
+  int size, head = 0, tail = 0, used = 0, ahead = 0;
+
+  __device__ __forceinline__ int wrap(const int i) const { return i >= size ? i - size : i; }
+
+  // Stages n packs from src at tail when they fit (this thread's share); false when full.
+  __device__ __forceinline__ bool stage(const P* __restrict__ src, const int n, const int lane) {
+    if (used + n > size) return false;
+    int i = wrap(tail + lane);
+    for (int v = lane; v < n; v += GROUP) {
+      copy_async<sizeof(P)>(slot + i, src + v);
+      i = wrap(i + GROUP);
+    }
+    commit_copies();
+    tail = wrap(tail + n);
+    used += n;
+    ++ahead;
+    return true;
+  }
+
+  // Waits for the oldest staged sequence (this thread's packs of it).
+  __device__ __forceinline__ void wait_oldest() { wait_copies(--ahead); }
+
+  __device__ __forceinline__ void release(const int n) {
+    head = wrap(head + n);
+    used -= n;
+  }
+};
+
+template <typename T, typename TW, typename TB, typename I, int VEC, int BLOCK, int GROUP>
 __global__ void __launch_bounds__(BLOCK, 1)
-    jag_fwd_short(const T* __restrict__ x, const I* __restrict__ off, const i64 B, const int D,
+    jag_fwd_short(const T* __restrict__ x, const I* __restrict__ off, const int D,
                   T* __restrict__ y, const TW* __restrict__ w, const TB* __restrict__ b,
                   typename AccOf<T>::type* __restrict__ mean,
                   typename AccOf<T>::type* __restrict__ rstd,
-                  const typename AccOf<T>::type eps, const i64 cap,
+                  const typename AccOf<T>::type eps, const i64 cap, const int ring,
+                  const i64* __restrict__ parts, const int long_path,
                   unsigned* __restrict__ has_long) {
   typedef typename AccOf<T>::type A;
+  typedef Pack<T, VEC> P;
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  T* stage = reinterpret_cast<T*>(smem_raw);
-  __shared__ A red[BLOCK / 32];
-  for (i64 s = blockIdx.x; s < B; s += gridDim.x) {
+  __shared__ A red[2 * (BLOCK / 32)];
+  const int lane = threadIdx.x % GROUP;
+  const i64 g = static_cast<i64>(blockIdx.x) * (BLOCK / GROUP) + threadIdx.x / GROUP;
+  Ring<P, GROUP> r{reinterpret_cast<P*>(smem_raw) + (threadIdx.x / GROUP) * ring, ring};
+  const i64 s_end = parts[g + 1];
+  i64 next = parts[g];  // the next sequence to stage
+  const bool affine = w != nullptr || b != nullptr;
+  for (i64 s = parts[g]; s < s_end; ++s) {
     const i64 r0 = off[s];
     const i64 cnt = (static_cast<i64>(off[s + 1]) - r0) * D;
-    if (cnt > cap) {  // a long sequence: the chunk kernels
-      if (threadIdx.x == 0) *has_long = 1u;
+    if (cnt > cap && long_path) {  // a long sequence: the chunk kernels
+      if (lane == 0) *has_long = 1u;
+      continue;
+    }
+    if (cnt > cap) {  // longer than max_seqlen promised: walked from global memory, slowly
+      const T* p = x + r0 * D;
+      const i64 nv = cnt / VEC;
+      const A k0 = static_cast<A>(widen(p[0]));
+      const A mu = group_sum<GROUP>(sum_vectors<T, A, VEC, GROUP>(p, nv, k0, lane), red) /
+                   static_cast<A>(cnt);
+      const A var = group_sum<GROUP>(sq_dev_vectors<T, A, VEC, GROUP>(p, nv, k0, mu, lane), red) /
+                    static_cast<A>(cnt);
+      const A rs = rsqrt_acc<A>(var + eps);
+      if (lane == 0) {
+        mean[s] = k0 + mu;
+        rstd[s] = rs;
+      }
+      apply_vectors<T, TW, TB, A, A, VEC, GROUP>(p, y + r0 * D, nv, D, k0, mu, rs, w, b, lane);
       continue;
     }
     if (cnt == 0) {
-      if (threadIdx.x == 0) {
+      if (lane == 0) {
         mean[s] = A(0);
         rstd[s] = rsqrt_acc<A>(eps);
       }
       continue;
     }
+    // stage s (when not yet) and up to JAG_DEPTH sequences after it, as far as the ring holds
+    for (; next < s_end && r.ahead <= JAG_DEPTH; ++next) {
+      const i64 a = off[next], c = (static_cast<i64>(off[next + 1]) - a) * D;
+      if (c > cap || c == 0) continue;  // not staged (see above)
+      if (!r.stage(reinterpret_cast<const P*>(x + a * D), static_cast<int>(c / VEC), lane)) break;
+    }
+    r.wait_oldest();
     const int nv = static_cast<int>(cnt / VEC);
-    const A k0 = static_cast<A>(widen(x[r0 * D]));
-    const A mu =
-        group_sum<BLOCK>(sum_vectors<T, A, VEC, BLOCK, true, UNROLL>(x + r0 * D, nv, k0, stage), red) /
-        static_cast<A>(cnt);
-    const A var = group_sum<BLOCK>(sq_dev_vectors<T, A, VEC, BLOCK>(stage, nv, k0, mu), red) /
-                  static_cast<A>(cnt);
-    const A rs = rsqrt_acc<A>(var + eps);
-    if (threadIdx.x == 0) {
-      mean[s] = k0 + mu;
+    const A inv = A(1) / static_cast<A>(cnt);
+    // pass 1: a first mean; pass 2: the sum and sum of squares of x minus it (the corrected
+    // two-pass variance: exact for large-mean data, the first mean need not be)
+    A sum = 0;
+    for (int v = lane, i = r.wrap(r.head + lane); v < nv; v += GROUP, i = r.wrap(i + GROUP)) {
+      const P pk = r.slot[i];
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) sum += static_cast<A>(widen(pk.v[k]));
+    }
+    const A mu0 = group_sum<GROUP>(sum, red) * inv;
+    A s1 = 0, s2 = 0;
+    for (int v = lane, i = r.wrap(r.head + lane); v < nv; v += GROUP, i = r.wrap(i + GROUP)) {
+      const P pk = r.slot[i];
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) {
+        const A d = static_cast<A>(widen(pk.v[k])) - mu0;
+        s1 += d;
+        s2 += d * d;
+      }
+    }
+    group_sum2<GROUP>(s1, s2, red);
+    const A md = s1 * inv;
+    const A var = s2 * inv - md * md;
+    const A rs = rsqrt_acc<A>((var > A(0) ? var : A(0)) + eps);
+    if (lane == 0) {
+      mean[s] = mu0 + md;
       rstd[s] = rs;
     }
-    apply_vectors<T, TW, TB, A, A, VEC, BLOCK>(stage, y + r0 * D, nv, D, k0, mu, rs, w, b);
+    // pass 3: y = ((x - mu0) - md) * rs * w + b
+    T* dst = y + r0 * D;
+    ColumnWalk col(lane, GROUP, D / VEC);
+    for (int v = lane, i = r.wrap(r.head + lane); v < nv; v += GROUP, i = r.wrap(i + GROUP)) {
+      const P pk = r.slot[i];
+      A wv[VEC], bv[VEC], out[VEC];
+      if (affine) {
+        const int c = col.next() * VEC;
+        load_cols<A, TW, VEC>(w, c, A(1), wv);
+        load_cols<A, TB, VEC>(b, c, A(0), bv);
+      } else {
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) wv[k] = A(1), bv[k] = A(0);
+      }
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) {
+        out[k] = ((static_cast<A>(widen(pk.v[k])) - mu0) - md) * rs * wv[k] + bv[k];
+      }
+      store_pack<T, A, VEC>(dst + static_cast<i64>(v) * VEC, out);
+    }
+    r.release(nv);
+    group_sync<GROUP, BLOCK>();  // every thread is done with s's slots before they are reused
+  }
+}
+
+// Cuts the sequences into G contiguous ranges of about total/G rows each for the short
+// kernel's groups: group q takes the sequences starting in rows [q*total/G, (q+1)*total/G)
+// (trailing empty ones go to the last group), parts[q] its first sequence, parts[G] = B.
+// Thread s writes parts[q] = s for each q whose range starts at s. Also clears *has_long.
+template <typename I>
+__global__ void __launch_bounds__(256, 1)
+    jag_partition(const I* __restrict__ off, const i64 B, const i64 G, i64* __restrict__ parts,
+                  unsigned* __restrict__ has_long) {
+  const i64 total = off[B];
+  const auto group_of = [&](const i64 s) -> i64 {  // the group of sequence s (-1 <= s <= B)
+    if (s < 0) return -1;
+    if (s == B) return G;
+    const i64 q = total > 0 ? static_cast<i64>(off[s]) * G / total : G - 1;
+    return q < G - 1 ? q : G - 1;
+  };
+  const i64 tid = blockIdx.x * i64(256) + threadIdx.x;
+  if (tid == 0) *has_long = 0u;
+  for (i64 s = tid; s <= B; s += i64(gridDim.x) * 256) {
+    for (i64 q = group_of(s - 1) + 1, e = group_of(s); q <= e; ++q) parts[q] = s;
   }
 }
 
@@ -240,9 +423,10 @@ __global__ void __launch_bounds__(BLOCK, 1)
       const T* p = x + r0 * D;
       const A k0 = static_cast<A>(widen(p[0]));
       const A mu =
-          group_sum<BLOCK>(sum_vectors<T, A, VEC, BLOCK, false>(p, nv, k0, nullptr), red) /
+          group_sum<BLOCK>(sum_vectors<T, A, VEC, BLOCK>(p, nv, k0, threadIdx.x), red) /
           static_cast<A>(cnt);
-      const A m2 = group_sum<BLOCK>(sq_dev_vectors<T, A, VEC, BLOCK>(p, nv, k0, mu), red);
+      const A m2 =
+          group_sum<BLOCK>(sq_dev_vectors<T, A, VEC, BLOCK>(p, nv, k0, mu, threadIdx.x), red);
       if (threadIdx.x == 0) {
         part[2 * c + slot] = Part{s, double(cnt), double(k0) + double(mu), double(m2)};
       }
@@ -331,9 +515,9 @@ __global__ void __launch_bounds__(BLOCK, 1)
   for (i64 c = blockIdx.x; c < chunks; c += gridDim.x) {
     const i64 row0 = c * R, row1 = row0 + R < total ? row0 + R : total;
     for_long_in_chunk(off, B, D, cap, row0, row1, [&](i64 s, i64 r0, i64 r1) {
-      apply_vectors<T, TW, TB, A, double, VEC, BLOCK>(x + r0 * D, y + r0 * D,
-                                                      int((r1 - r0) * D / VEC), D, 0.0, mean64[s],
-                                                      rstd[s], w, b);
+      apply_vectors<T, TW, TB, A, double, VEC, BLOCK>(x + r0 * D, y + r0 * D, (r1 - r0) * D / VEC,
+                                                      D, 0.0, mean64[s], rstd[s], w, b,
+                                                      threadIdx.x);
     });
   }
 }
@@ -506,7 +690,8 @@ __global__ void __launch_bounds__(256, 1)
 }
 
 // Offsets check: flags[0] |= 1 when off[0] != 0, 2 when some off[i] > off[i + 1] (flags[1]:
-// the smallest such i), 4 when off[B] != total. flags start as {0, ~0}.
+// the smallest such i), 4 when off[B] != total; flags[2]: the longest sequence's rows (valid
+// when flags[0] == 0). flags start as {0, ~0, 0}.
 template <typename I>
 __global__ void __launch_bounds__(256, 1)
     jag_check_offsets(const I* __restrict__ off, const i64 B, const i64 total,
@@ -516,12 +701,22 @@ __global__ void __launch_bounds__(256, 1)
     if (off[0] != 0) atomicOr(flags, 1ull);
     if (static_cast<i64>(off[B]) != total) atomicOr(flags, 4ull);
   }
+  unsigned long long longest = 0;
   for (i64 i = tid; i < B; i += i64(gridDim.x) * 256) {
-    if (off[i] > off[i + 1]) {
+    const i64 len = static_cast<i64>(off[i + 1]) - static_cast<i64>(off[i]);
+    if (len < 0) {
       atomicOr(flags, 2ull);
       atomicMin(flags + 1, static_cast<unsigned long long>(i));
+    } else if (static_cast<unsigned long long>(len) > longest) {
+      longest = static_cast<unsigned long long>(len);
     }
   }
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2) {
+    const unsigned long long other = __shfl_xor_sync(0xffffffffu, longest, o);
+    longest = other > longest ? other : longest;
+  }
+  if ((threadIdx.x & 31u) == 0 && longest > 0) atomicMax(flags + 2, longest);
 }
 
 }  // namespace cupyln
