@@ -43,8 +43,8 @@ _ARGS = {
     "bwd_partial": "QQQqiqqQQQQQ",  # dy, x, off, B, D, R, cap, w, mean, rstd, part
     "bwd_apply": "QQQqiqqQQQQQQQ",  # dy, x, off, B, D, R, cap, w, mean, rstd, c1, c2, dx
     "expand": "QqQQQQ",  # off, B, mean, rstd, row_mean, row_rstd
-    "check": "QqqQ",  # off, B, total, flags
 }
+_CHECK_ARGS = "QqqQ"  # off, B, total, flags
 
 
 class _Kernels:
@@ -64,7 +64,7 @@ class _Kernels:
             fmt = _ARGS["combine" if role.endswith("combine") else role].format(e=e)
             self.launch[role] = Launcher(k, fmt)
             block = {"fwd_short": self.fwd.block, "bwd_short": self.bwd.block}.get(
-                role, 256 if role in ("expand", "check", "partition") else _launch.JAG_CHUNK_BLOCK
+                role, 256 if role in ("expand", "partition") else _launch.JAG_CHUNK_BLOCK
             )
             self.capacity[role] = (_api._capacity(k, block, smem, dev), block, smem)
         # the forward short kernel is persistent: every resident block, each with its groups
@@ -113,11 +113,19 @@ def _check_offsets_array(offsets, dev: int) -> int:
     return offsets.shape[0] - 1
 
 
-def _check_offsets_on_gpu(k: _Kernels, offsets, b: int, total: int, stream: int) -> int:
+@lru_cache(maxsize=64)
+def _checker(dev, o_dtype):
+    k = _api._get(_compile.JAG_SOURCE, _launch.jagged_check_expr(_OFFSET_CTYPES[o_dtype]), dev, 0)
+    return Launcher(k, _CHECK_ARGS), _api._capacity(k, 256, 0, dev)
+
+
+def _check_offsets_on_gpu(dev, offsets, b: int, total: int, stream: int) -> int:
     """Raises ValueError for bad offsets; returns the longest sequence's rows."""
     cupy = _cupy()
     flags = cupy.array([0, 2**64 - 1, 0], dtype=cupy.uint64)
-    k("check", max(1, -(-b // 256)), stream, offsets.data.ptr, b, total, flags.data.ptr)
+    launch, capacity = _checker(dev, offsets.dtype)
+    grid = _launch.grid_size(max(1, -(-b // 256)), 1, capacity)
+    launch(grid, 256, 0, stream, offsets.data.ptr, b, total, flags.data.ptr)
     bits, first, longest = (int(v) for v in flags.get())
     if bits & 1:
         raise ValueError(f"offsets[0] must be 0; got {int(offsets[0])}")
@@ -152,6 +160,15 @@ def _prepare(values, offsets, w, b):
     offsets = cupy.ascontiguousarray(offsets)
     w, b = _api._aligned_vector(w), _api._aligned_vector(b)
     return values, offsets, w, b
+
+
+def _plan_seqlen(max_seqlen, longest):
+    """The sequence length the kernels are shaped for: the caller's max_seqlen, else the
+    longest sequence from the offsets check rounded up to a power of two (few distinct plans),
+    else None (the plan's default)."""
+    if max_seqlen:
+        return int(max_seqlen)
+    return 1 << max(0, int(longest) - 1).bit_length() if longest else None
 
 
 def _long_path(longest, d: int, cap: int, total: int) -> bool:
@@ -190,10 +207,11 @@ def jagged_forward(values, offsets, w=None, b=None, eps=1e-6, *, max_seqlen=None
         vec = _launch.vector_width(values.itemsize, d, (), (values.data.ptr, y.data.ptr))
         wdt = values.dtype if w is None else w.dtype
         bdt = values.dtype if b is None else b.dtype
-        k = _kernels(dev, d, values.dtype, wdt, bdt, offsets.dtype, vec, max_seqlen)
         longest = max_seqlen
         if check_offsets:
-            longest = _check_offsets_on_gpu(k, offsets, nseq, total, stream)
+            longest = _check_offsets_on_gpu(dev, offsets, nseq, total, stream)
+        k = _kernels(dev, d, values.dtype, wdt, bdt, offsets.dtype, vec,
+                     _plan_seqlen(max_seqlen, longest))  # fmt: skip
         mean = cupy.empty(nseq, acc)
         rstd = cupy.empty(nseq, acc)
         if nseq == 0:
@@ -269,10 +287,11 @@ def jagged_backward(dy, values, offsets, w, mean, rstd, *, bias_dtype=None, max_
         db = cupy.empty(d, db_dtype)
         ptrs = (values.data.ptr, dy.data.ptr, dx.data.ptr)
         vec = _launch.vector_width(values.itemsize, d, (), ptrs)
-        k = _kernels(dev, d, values.dtype, wdt, db_dtype, offsets.dtype, vec, max_seqlen)
         longest = None  # the backward has no slow walk: only the check may skip the long path
         if check_offsets:
-            longest = _check_offsets_on_gpu(k, offsets, nseq, total, stream)
+            longest = _check_offsets_on_gpu(dev, offsets, nseq, total, stream)
+        k = _kernels(dev, d, values.dtype, wdt, db_dtype, offsets.dtype, vec,
+                     _plan_seqlen(max_seqlen, longest))  # fmt: skip
         if total == 0:
             db.fill(0)
             if dw is not None:

@@ -165,9 +165,9 @@ def grid_size(m: int, rows_per_block: int, capacity: int) -> int:
 # Forward short path: one block per SM of JAG_RING_BLOCK threads holding the whole shared memory
 # as staging rings, one ring per group of threads (the block, or each warp when a sequence of
 # max_seqlen rows fits a warp's share: many small sequences in flight at once).
-JAG_RING_BLOCK = 512
+JAG_RING_BLOCK = 256
 JAG_RING_WARPS = (16, 8)  # warps per block tried, in order, for warp-per-sequence groups
-JAG_RING_SPLIT = 1  # block groups: blocks sharing an SM's shared memory, when rings still fit
+JAG_RING_SPLIT = 3  # block groups: blocks sharing an SM's shared memory, when rings still fit
 # Backward block-per-sequence kernel (scripts/tune_jagged.py, Helion batches B = 16384,
 # lengths 1..128): 256 threads with 4 loads in flight each where several blocks share an SM;
 # 512 threads with 8 loads in flight where the staged sequence leaves room for one block per SM.
@@ -250,5 +250,9 @@ def jagged_exprs(x_dtype, w_dtype, b_dtype, offsets_ctype: str, vec: int, fwd: J
         "bwd_combine": t("jag_combine", acc, i, False, cb),
         "bwd_apply": t("jag_bwd_apply", tx, tw, i, vec, cb),
         "expand": t("jag_expand_stats", acc, i),
-        "check": t("jag_check_offsets", i),
     }
+
+
+def jagged_check_expr(offsets_ctype: str) -> str:
+    """The offsets check of kernels/jagged.cu (run before a plan is chosen)."""
+    return _compile.template("jag_check_offsets", offsets_ctype)

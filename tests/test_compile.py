@@ -72,6 +72,7 @@ def jagged_variants(x_dtype):
                     fwd = _launch.jagged_plan(256, x_dtype, vec, SMEM_H100, seqlen, False)
                     bwd = _launch.jagged_plan(256, x_dtype, vec, SMEM_H100, seqlen, True)
                     out.update(_launch.jagged_exprs(x_dtype, tw, tw, o, vec, fwd, bwd).values())
+            out.add(_launch.jagged_check_expr(o))
     return sorted(out)
 
 

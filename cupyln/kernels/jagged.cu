@@ -114,19 +114,19 @@ __device__ __forceinline__ A sum_vectors(const T* __restrict__ p, const i64 nv, 
 }
 
 // Sum of ((x - k) - mu)^2 over the same vectors.
-template <typename T, typename A, int VEC, int S>
+template <typename T, typename A, int VEC, int S, int U = 4>
 __device__ __forceinline__ A sq_dev_vectors(const T* __restrict__ p, const i64 nv, const A k0,
                                             const A mu, const int t) {
   A sq = 0;
-  for (i64 v0 = t; v0 < nv; v0 += 4 * S) {
-    Pack<T, VEC> pk[4];
+  for (i64 v0 = t; v0 < nv; v0 += U * S) {
+    Pack<T, VEC> pk[U];
 #pragma unroll
-    for (int u = 0; u < 4; ++u) {
+    for (int u = 0; u < U; ++u) {
       const i64 v = v0 + u * S;
       if (v < nv) pk[u] = ld<T, VEC>(p, v);
     }
 #pragma unroll
-    for (int u = 0; u < 4; ++u) {
+    for (int u = 0; u < U; ++u) {
       const i64 v = v0 + u * S;
       if (v < nv) {
 #pragma unroll
@@ -253,7 +253,7 @@ struct Ring {
 };
 
 template <typename T, typename TW, typename TB, typename I, int VEC, int BLOCK, int GROUP>
-__global__ void __launch_bounds__(BLOCK, 1)
+__global__ void __launch_bounds__(BLOCK, BLOCK <= 256 ? 3 : 1)  // 3 x 256: rings of 74 KB
     jag_fwd_short(const T* __restrict__ x, const I* __restrict__ off, const int D,
                   T* __restrict__ y, const TW* __restrict__ w, const TB* __restrict__ b,
                   typename AccOf<T>::type* __restrict__ mean,
@@ -282,10 +282,11 @@ __global__ void __launch_bounds__(BLOCK, 1)
       const T* p = x + r0 * D;
       const i64 nv = cnt / VEC;
       const A k0 = static_cast<A>(widen(p[0]));
-      const A mu = group_sum<GROUP>(sum_vectors<T, A, VEC, GROUP>(p, nv, k0, lane), red) /
+      const A mu = group_sum<GROUP>(sum_vectors<T, A, VEC, GROUP, 1>(p, nv, k0, lane), red) /
                    static_cast<A>(cnt);
-      const A var = group_sum<GROUP>(sq_dev_vectors<T, A, VEC, GROUP>(p, nv, k0, mu, lane), red) /
-                    static_cast<A>(cnt);
+      const A var =
+          group_sum<GROUP>(sq_dev_vectors<T, A, VEC, GROUP, 1>(p, nv, k0, mu, lane), red) /
+          static_cast<A>(cnt);
       const A rs = rsqrt_acc<A>(var + eps);
       if (lane == 0) {
         mean[s] = k0 + mu;
