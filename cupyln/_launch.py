@@ -162,12 +162,17 @@ def grid_size(m: int, rows_per_block: int, capacity: int) -> int:
 
 
 # ------------------------------------------------------------------ jagged (kernels/jagged.cu)
-# Forward short path: one block per SM of JAG_RING_BLOCK threads holding the whole shared memory
-# as staging rings, one ring per group of threads (the block, or each warp when a sequence of
-# max_seqlen rows fits a warp's share: many small sequences in flight at once).
+# Forward short path: persistent blocks whose shared memory is staging rings, one ring per group
+# of threads (the block, or each warp when a sequence of max_seqlen rows fits a warp's share:
+# many small sequences in flight at once).
+# Block groups: JAG_RING_SPLIT blocks of JAG_RING_BLOCK threads share an SM where a sequence of
+# max_seqlen rows fits a third of the shared memory, else one block of JAG_RING_BLOCK_ALONE
+# (scripts/tune_jagged.py, B = 16384, D = 256: bf16 3438 GB/s at 3 x 256 threads against 2753 at
+# 1 x 256; fp32 3618 at 1 x 512 against 3522 at 1 x 256).
 JAG_RING_BLOCK = 256
+JAG_RING_BLOCK_ALONE = 512
+JAG_RING_SPLIT = 3
 JAG_RING_WARPS = (16, 8)  # warps per block tried, in order, for warp-per-sequence groups
-JAG_RING_SPLIT = 3  # block groups: blocks sharing an SM's shared memory, when rings still fit
 # Backward block-per-sequence kernel (scripts/tune_jagged.py, Helion batches B = 16384,
 # lengths 1..128): 256 threads with 4 loads in flight each where several blocks share an SM;
 # 512 threads with 8 loads in flight where the staged sequence leaves room for one block per SM.
@@ -217,9 +222,9 @@ def jagged_plan(d: int, x_dtype, vec: int, smem_limit: int, max_seqlen, backward
         if warps:
             block, group, share = 32 * warps[0], 32, usable
         else:
-            block = group = JAG_RING_BLOCK
             shares = [smem_limit // k - STATIC_SMEM_MARGIN for k in range(JAG_RING_SPLIT, 0, -1)]
             share = next(m for m in shares if not hint or hint * item <= m or m == usable)
+            block = group = JAG_RING_BLOCK_ALONE if share == usable else JAG_RING_BLOCK
         groups = block // group
         ring = share // groups // pack
         cap = ring * vec if hint is None else min(hint, ring * vec)
