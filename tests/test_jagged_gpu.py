@@ -121,9 +121,9 @@ def test_one_huge_sequence_among_many_short():
 @pytest.mark.parametrize("max_seqlen", [None, 2])
 @pytest.mark.parametrize("check_offsets", [True, False])
 def test_large_mean_sequences_stay_exact(max_seqlen, check_offsets):
-    """1e4 + 0.5 randn: sums are of x minus a thread's (short path) or a sequence's or chunk's
-    (walks) first element, and the chunked path applies the mean in double, so y keeps float32
-    accuracy."""
+    """1e4 + 0.5 randn: the short path takes the variance about a first mean (corrected
+    two-pass), the walks shift by a sequence's (or chunk's) first element and the chunked path
+    applies the mean in double, so y keeps float32 accuracy."""
     values, offsets, w, b, _ = batch([100, 3000, 7], 128, "float32")
     values = values + np.float32(1e4)
     y, mean, rstd = cupyln.jagged_forward(values, offsets, w, b, max_seqlen=max_seqlen,

@@ -10,8 +10,7 @@
 //     forward: a group of threads (a block, or a warp for small sequences) walks a contiguous
 //     range of sequences holding about total_L/G rows (jag_partition cuts them), staging each
 //     sequence in a shared-memory ring with cp.async up to six sequences ahead of the one it
-//     computes (two passes over the staged copy: each thread's moments about its first
-//     element, joined over the group with Chan's formula; then y). x is read
+//     computes (three passes over the staged copy: mean, corrected variance, y). x is read
 //     once and y written once, and the loads never wait for the arithmetic. When the host
 //     knows that no sequence is long (max_seqlen, or the offsets check) it passes
 //     long_path = 0 and skips the chunk kernels; a sequence longer than promised is then
@@ -27,8 +26,9 @@
 //     deterministic; a third applies the statistics chunk by chunk. x is read twice there.
 //     The block-per-sequence kernel raises *has_long when it skips a sequence; the chunk
 //     kernels return at once when nothing was skipped.
-// Statistics are exact for large-mean data: sums are taken of x minus a thread's (short path)
-// or a share's (walks) first element, and the long path applies the mean in double.
+// Statistics are exact for large-mean data: the short path sums x minus a first mean (the
+// corrected two-pass variance), the long path x minus the share's first element, and applies
+// the mean in double.
 // Backward: dx = rstd * (w*dy - (xhat * sum(w*dy*xhat) + sum(w*dy)) / (L*D)) per sequence, by
 // the same two paths; dw/db are column sums over all rows, computed by layer_norm_bwd.cu's
 // column kernel on per-row copies of the sequence statistics (jag_expand_stats).
@@ -252,44 +252,6 @@ struct Ring {
   }
 };
 
-// Count, mean and M2 (sum of squared deviations) of a share of a sequence.
-template <typename A>
-struct Moments {
-  A n, mu, m2;
-};
-
-// The moments of shares a and b together (Chan's formula); a when both are empty.
-template <typename A>
-__device__ __forceinline__ Moments<A> join(const Moments<A>& a, const Moments<A>& b) {
-  const A n = a.n + b.n;
-  if (n == A(0)) return a;
-  const A f = b.n / n, d = b.mu - a.mu;
-  return Moments<A>{n, a.mu + d * f, a.m2 + b.m2 + d * d * a.n * f};
-}
-
-// Joins the moments of the GROUP threads of a group (a warp, or the block with `red` holding
-// BLOCK/32 entries; then it contains __syncthreads()). The order is fixed and the lower lanes'
-// share always comes first, so every thread gets the same bits.
-template <int GROUP, typename A>
-__device__ __forceinline__ Moments<A> group_moments(Moments<A> m, Moments<A>* red) {
-  const unsigned lane = threadIdx.x & 31u;
-#pragma unroll
-  for (int o = 1; o < 32; o *= 2) {
-    const Moments<A> other{shfl_xor(0xffffffffu, m.n, o), shfl_xor(0xffffffffu, m.mu, o),
-                           shfl_xor(0xffffffffu, m.m2, o)};
-    m = (lane & o) ? join(other, m) : join(m, other);
-  }
-  if constexpr (GROUP > 32) {
-    __syncthreads();  // the previous use of `red` is finished in every thread
-    if (lane == 0) red[threadIdx.x >> 5] = m;
-    __syncthreads();
-    m = red[0];
-#pragma unroll
-    for (int i = 1; i < GROUP / 32; ++i) m = join(m, red[i]);
-  }
-  return m;
-}
-
 // Registers: three blocks of 256 threads per SM (the host's rings of 74 KB); two in double.
 template <typename T, typename TW, typename TB, typename I, int VEC, int BLOCK, int GROUP>
 __global__ void __launch_bounds__(BLOCK, BLOCK > 256 ? 1 : sizeof(T) == 8 ? 2 : 3)
@@ -303,8 +265,7 @@ __global__ void __launch_bounds__(BLOCK, BLOCK > 256 ? 1 : sizeof(T) == 8 ? 2 : 
   typedef typename AccOf<T>::type A;
   typedef Pack<T, VEC> P;
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  __shared__ A red[BLOCK / 32];  // the walk of a sequence longer than promised
-  __shared__ Moments<A> moments[BLOCK / 32];
+  __shared__ A red[2 * (BLOCK / 32)];
   const int lane = threadIdx.x % GROUP;
   const i64 g = static_cast<i64>(blockIdx.x) * (BLOCK / GROUP) + threadIdx.x / GROUP;
   Ring<P, GROUP> r{reinterpret_cast<P*>(smem_raw) + (threadIdx.x / GROUP) * ring, ring};
@@ -350,31 +311,35 @@ __global__ void __launch_bounds__(BLOCK, BLOCK > 256 ? 1 : sizeof(T) == 8 ? 2 : 
     }
     r.wait_oldest();
     const int nv = static_cast<int>(cnt / VEC);
-    // pass 1: each thread's count, mean and M2 from sums of x minus its first element; the
-    // group joins them (Chan)
-    A s1 = 0, s2 = 0, k0 = 0;
-    if (lane < nv) k0 = static_cast<A>(widen(r.slot[r.wrap(r.head + lane)].v[0]));
+    const A inv = A(1) / static_cast<A>(cnt);
+    // pass 1: a first mean; pass 2: the sum and sum of squares of x minus it (the corrected
+    // two-pass variance: exact for large-mean data, the first mean need not be)
+    A sum = 0;
+    for (int v = lane, i = r.wrap(r.head + lane); v < nv; v += GROUP, i = r.wrap(i + GROUP)) {
+      const P pk = r.slot[i];
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) sum += static_cast<A>(widen(pk.v[k]));
+    }
+    const A mu0 = group_sum<GROUP>(sum, red) * inv;
+    A s1 = 0, s2 = 0;
     for (int v = lane, i = r.wrap(r.head + lane); v < nv; v += GROUP, i = r.wrap(i + GROUP)) {
       const P pk = r.slot[i];
 #pragma unroll
       for (int k = 0; k < VEC; ++k) {
-        const A d = static_cast<A>(widen(pk.v[k])) - k0;
+        const A d = static_cast<A>(widen(pk.v[k])) - mu0;
         s1 += d;
         s2 += d * d;
       }
     }
-    const A mine = static_cast<A>(lane < nv ? (nv - lane + GROUP - 1) / GROUP * VEC : 0);
-    const Moments<A> m = group_moments<GROUP>(
-        mine > A(0) ? Moments<A>{mine, k0 + s1 / mine, s2 - s1 * (s1 / mine)} : Moments<A>{},
-        moments);
-    const A mu = m.mu;
-    const A var = m.m2 / static_cast<A>(cnt);
+    group_sum2<GROUP>(s1, s2, red);
+    const A md = s1 * inv;
+    const A var = s2 * inv - md * md;
     const A rs = rsqrt_acc<A>((var > A(0) ? var : A(0)) + eps);
     if (lane == 0) {
-      mean[s] = mu;
+      mean[s] = mu0 + md;
       rstd[s] = rs;
     }
-    // pass 2: y = (x - mu) * rs * w + b
+    // pass 3: y = ((x - mu0) - md) * rs * w + b
     T* dst = y + r0 * D;
     ColumnWalk col(lane, GROUP, D / VEC);
     for (int v = lane, i = r.wrap(r.head + lane); v < nv; v += GROUP, i = r.wrap(i + GROUP)) {
@@ -390,7 +355,7 @@ __global__ void __launch_bounds__(BLOCK, BLOCK > 256 ? 1 : sizeof(T) == 8 ? 2 : 
       }
 #pragma unroll
       for (int k = 0; k < VEC; ++k) {
-        out[k] = (static_cast<A>(widen(pk.v[k])) - mu) * rs * wv[k] + bv[k];
+        out[k] = ((static_cast<A>(widen(pk.v[k])) - mu0) - md) * rs * wv[k] + bv[k];
       }
       store_pack<T, A, VEC>(dst + static_cast<i64>(v) * VEC, out);
     }
