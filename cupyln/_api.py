@@ -301,7 +301,7 @@ def describe(x, w=None, b=None) -> dict:
 # 64-byte aligned, or 0 for none).
 def launch_forward(dev, m, n, x_ptr, x_stride, x_dtype, y_ptr, w_ptr, w_dtype, b_ptr, b_dtype,
                    mean_ptr, rstd_ptr, eps, stream=None):  # fmt: skip
-    """Forward of M >= 1 rows of N; y contiguous, mean/rstd of M values."""
+    """Forward of M >= 1 rows of N; y contiguous, mean/rstd of M values (both 0: not stored)."""
     vec = _vector_width(x_dtype.itemsize, n, (x_stride,), (x_ptr | y_ptr) & 15)
     k, plan, cap = _forward_launch(dev, n, x_dtype, w_dtype, b_dtype, vec)
     k(_launch.grid_size(m, plan.rows, cap), plan.block, plan.smem,
@@ -309,49 +309,39 @@ def launch_forward(dev, m, n, x_ptr, x_stride, x_dtype, y_ptr, w_ptr, w_dtype, b
       x_ptr, x_stride, y_ptr, w_ptr, b_ptr, mean_ptr, rstd_ptr, m, n, eps)  # fmt: skip
 
 
-def backward_workspace(dev, m, n, x_dtype, w_dtype, db_dtype, vec) -> int:
-    """Values of the arithmetic dtype that ``launch_backward`` needs as its workspace."""
-    _, plan, cap, _, _ = _backward_launch(dev, n, x_dtype, w_dtype, db_dtype, vec)
-    if plan.tier == "reg":
-        g = _launch.grid_size(m, plan.rows, cap)
-    else:
-        g = _launch.dwdb_slices(m, n, _device(dev).sm_count)[0]
-    return 2 * g * n
-
-
-def backward_vector_width(x_dtype, n, x_stride, dy_stride, pointers) -> int:
-    """The vector width ``launch_backward`` picks for these strides and pointers."""
-    align = 0
-    for p in pointers:
-        align |= p
-    return _vector_width(x_dtype.itemsize, n, (x_stride, dy_stride), align & 15)
+def pool_workspace(nbytes: int):
+    """A ``launch_backward`` workspace from CuPy's pool on its current stream."""
+    mem = _allocate(nbytes)
+    return mem.ptr, mem
 
 
 def launch_backward(dev, m, n, dy_ptr, dy_stride, x_ptr, x_stride, x_dtype, w_ptr, w_dtype,
                     mean_ptr, rstd_ptr, dx_ptr, dw_ptr, db_ptr, db_dtype, workspace,
                     stream=None):  # fmt: skip
-    """Backward of M >= 1 rows of N; dx contiguous. ``workspace`` is the address of
-    ``backward_workspace(...)`` values of the arithmetic dtype, on memory that stays untouched
-    until the launches on ``stream`` are done (allocated on that stream)."""
+    """Backward of M >= 1 rows of N; dx contiguous. ``workspace(nbytes)`` returns (address,
+    owner) of scratch memory that stays untouched until the launches on ``stream`` are done
+    (memory allocated on that stream); the owner is dropped once they are enqueued."""
     esz = acc_dtype(x_dtype).itemsize
     vec = _vector_width(x_dtype.itemsize, n, (x_stride, dy_stride), (x_ptr | dy_ptr | dx_ptr) & 15)
     k, plan, cap, red, cols = _backward_launch(dev, n, x_dtype, w_dtype, db_dtype, vec)
     stream = _current_stream() if stream is None else stream
     if plan.tier == "reg":
         g = _launch.grid_size(m, plan.rows, cap)
-        dw_part = workspace if w_ptr else 0
-        db_part = workspace + g * n * esz
+    else:
+        g, per = _launch.dwdb_slices(m, n, _device(dev).sm_count)
+    part, owner = workspace(2 * g * n * esz)
+    dw_part = part if w_ptr else 0
+    db_part = part + g * n * esz
+    if plan.tier == "reg":
         k(g, plan.block, 0, stream, dy_ptr, dy_stride, x_ptr, x_stride, w_ptr, mean_ptr,
           rstd_ptr, dx_ptr, dw_part, db_part, m, n)  # fmt: skip
     else:
         k(_launch.grid_size(m, 1, cap), plan.block, plan.smem, stream, dy_ptr, dy_stride, x_ptr,
           x_stride, w_ptr, mean_ptr, rstd_ptr, dx_ptr, m, n)  # fmt: skip
-        g, per = _launch.dwdb_slices(m, n, _device(dev).sm_count)
-        dw_part = workspace if w_ptr else 0
-        db_part = workspace + g * n * esz
         cols((-(-n // 32), g), _launch.REDUCE_BLOCK, 0, stream, dy_ptr, dy_stride, x_ptr,
              x_stride, mean_ptr, rstd_ptr, dw_part, db_part, m, n, per)  # fmt: skip
     red(-(-n // 32), _launch.REDUCE_BLOCK, 0, stream, dw_part, db_part, g, n, dw_ptr, db_ptr)
+    del owner  # back to its allocator, reusable by later work on this stream only
 
 
 def _ptr(a) -> int:
@@ -551,16 +541,10 @@ def _backward_launch_call(call, dy, x, w, mean, rstd):
     dx_ptr = mem.ptr
     dw_ptr = dx_ptr + call.offsets[0] if w is not None else 0
     db_ptr = dx_ptr + call.offsets[1]
-    x_ptr, dy_ptr = x.data.ptr, dy.data.ptr
-    vec = backward_vector_width(call.dtype, call.n, call.x_stride, call.dy_stride,
-                                (x_ptr, dy_ptr, dx_ptr))  # fmt: skip
-    count = backward_workspace(call.dev, call.m, call.n, call.dtype, call.w_dtype, call.b_dtype,
-                               vec)  # fmt: skip
-    part = _allocate(count * call.acc.itemsize)
-    launch_backward(call.dev, call.m, call.n, dy_ptr, call.dy_stride, x_ptr, call.x_stride,
-                    call.dtype, _ptr(w), call.w_dtype, mean.data.ptr, rstd.data.ptr, dx_ptr,
-                    dw_ptr, db_ptr, call.b_dtype, part.ptr)  # fmt: skip
-    del part  # back to the pool, reusable by later work on this stream only
+    launch_backward(call.dev, call.m, call.n, dy.data.ptr, call.dy_stride, x.data.ptr,
+                    call.x_stride, call.dtype, _ptr(w), call.w_dtype, mean.data.ptr,
+                    rstd.data.ptr, dx_ptr, dw_ptr, db_ptr, call.b_dtype,
+                    pool_workspace)  # fmt: skip
     n = (call.n,)
     return (
         _ndarray(call.shape, call.dtype, mem, 0),
@@ -622,9 +606,7 @@ def _backward_checked(dy, x, w, mean, rstd, bias_dtype, out):
                 dw.fill(0)
             db.fill(0)
             return dx, dw, db
-        vec = backward_vector_width(x.dtype, n, xs, gs, (x2.data.ptr, dy2.data.ptr, dx.data.ptr))
-        part = cupy.empty(backward_workspace(dev, m, n, x.dtype, wdt, db_dtype, vec), acc)
         launch_backward(dev, m, n, dy2.data.ptr, gs, x2.data.ptr, xs, x.dtype, _ptr(w2), wdt,
                         mean2.data.ptr, rstd2.data.ptr, dx.data.ptr, _ptr(dw), db.data.ptr,
-                        db_dtype, part.data.ptr)  # fmt: skip
+                        db_dtype, pool_workspace)  # fmt: skip
     return dx, dw, db

@@ -209,7 +209,8 @@ def _jagged_rows(cap: int, d: int) -> int:
 
 def jagged_plan(d: int, x_dtype, vec: int, smem_limit: int, max_seqlen, backward: bool):
     """Shared memory and threads of the short path. Forward: rings fill the usable shared
-    memory; ``cap`` is what a sequence of ``max_seqlen`` rows needs when the caller gives that
+    memory of one block per SM, or of JAG_RING_SPLIT blocks when a sequence of ``max_seqlen``
+    rows fits their share; ``cap`` is what such a sequence needs when the caller gives that
     bound (longer sequences take the long path), else the ring. Backward: exactly what x and dy
     of ``max_seqlen`` rows need (more blocks per SM for short sequences), else
     JAG_DEFAULT_SMEM; never past the device's opt-in limit."""
@@ -222,9 +223,10 @@ def jagged_plan(d: int, x_dtype, vec: int, smem_limit: int, max_seqlen, backward
         if warps:
             block, group, share = 32 * warps[0], 32, usable
         else:
-            shares = [smem_limit // k - STATIC_SMEM_MARGIN for k in range(JAG_RING_SPLIT, 0, -1)]
-            share = next(m for m in shares if not hint or hint * item <= m or m == usable)
-            block = group = JAG_RING_BLOCK_ALONE if share == usable else JAG_RING_BLOCK
+            shares = [(smem_limit // k - STATIC_SMEM_MARGIN) // 16 * 16
+                      for k in range(JAG_RING_SPLIT, 0, -1)]  # fmt: skip
+            share = next(m for m in shares if not hint or hint * item <= m or m == shares[-1])
+            block = group = JAG_RING_BLOCK_ALONE if share == shares[-1] else JAG_RING_BLOCK
         groups = block // group
         ring = share // groups // pack
         cap = ring * vec if hint is None else min(hint, ring * vec)

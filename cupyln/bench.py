@@ -186,6 +186,26 @@ def host_overhead_us(calls: int = 5000) -> dict:
     return out
 
 
+def _python_function(torch):
+    """F.layer_norm's signature over torch's native kernels in a Python autograd.Function."""
+
+    class Native(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, w, b):
+            y, mean, rstd = torch.native_layer_norm(x, x.shape[-1:], w, b, 1e-5)
+            ctx.save_for_backward(x, w, b, mean, rstd)
+            return y
+
+        @staticmethod
+        def backward(ctx, dy):
+            x, w, b, mean, rstd = ctx.saved_tensors
+            return torch.ops.aten.native_layer_norm_backward(
+                dy, x, x.shape[-1:], mean, rstd, w, b, [True, True, True]
+            )
+
+    return lambda x, shape, w, b: Native.apply(x, w, b)
+
+
 def torch_overhead_us(calls: int = 3000) -> dict:
     """CPU microseconds per call on tiny CUDA tensors (4 x 64 float32), warm: torch's
     F.layer_norm against cupyln.torch.layer_norm, inference (no grad) and a training step
@@ -220,6 +240,9 @@ def torch_overhead_us(calls: int = 3000) -> dict:
         ),  # fmt: skip
         "torch F.layer_norm, fwd+bwd": step(f),
         "cupyln.torch.layer_norm, fwd+bwd": step(clt.layer_norm),
+        # the floor of any bridge with a Python backward: torch's own kernels, called from a
+        # Python autograd.Function
+        "torch kernels in a Python autograd.Function, fwd+bwd": step(_python_function(torch)),
     }
     out = {}
     for name, fn in cases.items():

@@ -112,25 +112,19 @@ def _backward_call(m, n, x_dtype, w_dtype, db_dtype):
         jax.ShapeDtypeStruct((n,), db_dtype),
     )
     wdt = w_dtype or x_dtype
-    acc = acc_dtype(x_dtype)
 
     def callback(ctx, out, dy, x, mean, rstd, *w):
-        import cupy
-
         dx, dw, db = out
         x_ptr, dy_ptr, dx_ptr = _ptr(x), _ptr(dy), _ptr(dx)
         dev = _device_of(x_ptr)
         keep: list = []
         with _api._OnDevice(dev), _api.external_stream(dev, ctx.stream):
             w_ptr = _aligned(_ptr(w[0]), n * wdt.itemsize, keep) if w else 0
-            vec = _api.backward_vector_width(x_dtype, n, n, n, (x_ptr, dy_ptr, dx_ptr))
-            count = _api.backward_workspace(dev, m, n, x_dtype, wdt, db_dtype, vec)
-            part = cupy.cuda.alloc(count * acc.itemsize)
             _api.launch_backward(
                 dev, m, n, dy_ptr, n, x_ptr, n, x_dtype, w_ptr, wdt, _ptr(mean), _ptr(rstd),
-                dx_ptr, _ptr(dw) if w else 0, _ptr(db), db_dtype, part.ptr, ctx.stream,
+                dx_ptr, _ptr(dw) if w else 0, _ptr(db), db_dtype, _api.pool_workspace, ctx.stream,
             )  # fmt: skip
-            del part, keep  # back to the pool, ordered on XLA's stream
+            del keep  # back to the pool, ordered on XLA's stream
 
     return buffer_callback(callback, shapes, vmap_method="sequential")
 

@@ -40,15 +40,16 @@ def _acc(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def _check(t, name: str, device=None) -> None:
+def _check(t, name: str, like=None) -> None:
+    """t is a CUDA tensor of a supported dtype (on the device of the tensor ``like``)."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor; got {type(t).__name__}")
     if t.dtype not in _NP:
         raise TypeError(f"{name} must have dtype {_NAMES}; got {t.dtype}")
     if not t.is_cuda:
         raise ValueError(f"{name} must be a CUDA tensor; got a tensor on {t.device}")
-    if device is not None and t.device != device:
-        raise ValueError(f"{name} must be on {device} with the input; got {t.device}")
+    if like is not None and t.get_device() != like.get_device():
+        raise ValueError(f"{name} must be on {like.device} with the input; got {t.device}")
 
 
 # ------------------------------------------------------------------ streams
@@ -94,7 +95,7 @@ def _fwd_impl(
     n = x.shape[-1]
     for t, name in ((weight, "weight"), (bias, "bias")):
         if t is not None:
-            _check(t, name, x.device)
+            _check(t, name, x)
             if t.shape != (n,):
                 raise ValueError(f"{name} must have shape ({n},); got {tuple(t.shape)}")
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
@@ -112,7 +113,7 @@ def _forward_into(x, weight, bias, eps, y, mean_ptr: int, rstd_ptr: int) -> None
     x, stride = _rows(x)
     weight, bias = _vector(weight), _vector(bias)
     xdt = _NP[x.dtype]
-    index = x.device.index
+    index = x.get_device()
     with _api._OnDevice(index):
         _api.launch_forward(
             index, m, n, x.data_ptr(), stride, xdt, y.data_ptr(),
@@ -145,7 +146,7 @@ def _bwd_impl(
     """(dx, dw, db) at the saved statistics (see cupyln.backward). dw has no elements when
     there is no weight; db has the weight's dtype (x's without a weight)."""
     _check(x, "input")
-    _check(dy, "grad_output", x.device)
+    _check(dy, "grad_output", x)
     if dy.shape != x.shape or dy.dtype != x.dtype:
         raise ValueError(
             f"grad_output must match the input ({x.dtype} {tuple(x.shape)}); "
@@ -176,18 +177,30 @@ def _backward_into(dy, x, weight, mean_ptr: int, rstd_ptr: int, dx, dw, db) -> N
     x, xs = _rows(x)
     dy, gs = _rows(dy)
     weight = _vector(weight)
-    index = x.device.index
-    xdt, wnp = _NP[x.dtype], _NP[db.dtype]
-    x_ptr, dy_ptr, dx_ptr = x.data_ptr(), dy.data_ptr(), dx.data_ptr()
+    index = x.get_device()
+    wnp = _NP[db.dtype]
     with _api._OnDevice(index):
-        vec = _api.backward_vector_width(xdt, n, xs, gs, (x_ptr, dy_ptr, dx_ptr))
-        count = _api.backward_workspace(index, m, n, xdt, wnp, wnp, vec)
-        part = torch.empty(count, dtype=_acc(x.dtype), device=x.device)  # torch's stream
         _api.launch_backward(
-            index, m, n, dy_ptr, gs, x_ptr, xs, xdt, _ptr(weight), wnp, mean_ptr, rstd_ptr,
-            dx_ptr, _ptr(dw) if weight is not None else 0, db.data_ptr(), wnp, part.data_ptr(),
-            _stream(index),
+            index, m, n, dy.data_ptr(), gs, x.data_ptr(), xs, _NP[x.dtype], _ptr(weight), wnp,
+            mean_ptr, rstd_ptr, dx.data_ptr(), _ptr(dw) if weight is not None else 0,
+            db.data_ptr(), wnp, _workspace(index), _stream(index),
         )  # fmt: skip
+
+
+_workspaces: dict = {}  # device index -> launch_backward's workspace from torch's allocator
+
+
+def _workspace(index: int):
+    alloc = _workspaces.get(index)
+    if alloc is None:
+        device = torch.device("cuda", index)
+
+        def alloc(nbytes: int):  # on torch's current stream, which the launches use
+            t = torch.empty(nbytes, dtype=torch.uint8, device=device)
+            return t.data_ptr(), t
+
+        _workspaces[index] = alloc
+    return alloc
 
 
 _bwd = torch.library.custom_op("cupyln::layer_norm_bwd", _bwd_impl, mutates_args=())
@@ -272,6 +285,14 @@ def _eager_forward(x, weight, bias, eps):
     return y, stats
 
 
+def _inference(x, weight, bias, eps):
+    """y alone: without autograd the statistics are not stored (one allocation per call)."""
+    y = torch.empty_like(x, memory_format=torch.contiguous_format)
+    if y.numel():
+        _forward_into(x, weight, bias, eps, y, 0, 0)
+    return y
+
+
 def _eager() -> bool:
     return not (torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active())
 
@@ -283,15 +304,15 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps: float = 1e-
     shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
     _check(input, "input")
     k = len(shape)
-    if k == 0 or tuple(input.shape[input.dim() - k :]) != shape or input.dim() < k:
+    if k == 0 or input.dim() < k or input.shape[-k:] != shape:
         raise ValueError(
             f"Given normalized_shape={list(shape)}, expected input with shape "
             f"[*, {', '.join(map(str, shape))}], but got input of size {list(input.shape)}"
         )
     for t, name in ((weight, "weight"), (bias, "bias")):
         if t is not None:
-            _check(t, name, input.device)
-            if tuple(t.shape) != shape:
+            _check(t, name, input)
+            if t.shape != shape:
                 raise ValueError(f"{name} must have shape {list(shape)}; got {list(t.shape)}")
     if not (isinstance(eps, (int, float)) and math.isfinite(eps) and eps >= 0):
         raise ValueError(f"eps must be a finite number >= 0; got {eps!r}")
@@ -311,7 +332,7 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps: float = 1e-
             x.requires_grad or (w is not None and w.requires_grad)
             or (b is not None and b.requires_grad)
         )  # fmt: skip
-        y = _Eager.apply(x, w, b, float(eps)) if grad else _eager_forward(x, w, b, float(eps))[0]
+        y = _Eager.apply(x, w, b, float(eps)) if grad else _inference(x, w, b, float(eps))
     else:
         y = torch.ops.cupyln.layer_norm_fwd(x, w, b, float(eps))[0]
     return y if k == 1 else y.reshape(input.shape)
@@ -421,7 +442,7 @@ def jagged_layer_norm(input, offsets=None, weight=None, bias=None, eps: float = 
     _check(values, "values")
     for t, name in ((weight, "weight"), (bias, "bias")):
         if t is not None:
-            _check(t, name, values.device)
+            _check(t, name, values)
     if not isinstance(offsets, torch.Tensor) or offsets.device != values.device:
         raise ValueError(f"offsets must be a tensor on {values.device}")
     y = _Jagged.apply(values, offsets, weight, bias, float(eps), max_seqlen)

@@ -3,7 +3,8 @@
 // Inputs : x [M, N] of T, row r at x + r * x_stride (last dim contiguous); w [N] of TW and
 //          b [N] of TB, each optional (nullptr = no scale / no shift).
 // Outputs: y [M, N] of T, contiguous; mean [M] and rstd [M] of A = AccOf<T> (float, or double
-//          for double input), rstd = 1 / sqrt(biased variance + eps).
+//          for double input), rstd = 1 / sqrt(biased variance + eps); both nullptr: not
+//          stored (inference, where no backward needs them).
 //
 // Statistics are exact two-pass from on-chip storage: the row is read from HBM once, its sum
 // gives the mean, the sum of squared deviations from that mean gives the variance (never
@@ -85,7 +86,7 @@ __global__ void __launch_bounds__(BLOCK, 1)
       }
     }
     const A r = rsqrt_acc(group_sum<TPR>(ss, red) * inv_n + eps);
-    if (lane == 0) {
+    if (lane == 0 && mean != nullptr) {
       mean[row] = shift + mu;
       rstd[row] = r;
     }
@@ -184,7 +185,7 @@ __global__ void __launch_bounds__(BLOCK, 1)
       }
     }
     const A r = rsqrt_acc(group_sum<BLOCK>(ss, red) * inv_n + eps);
-    if (threadIdx.x == 0) {
+    if (threadIdx.x == 0 && mean != nullptr) {
       mean[row] = shift + mu;
       rstd[row] = r;
     }
