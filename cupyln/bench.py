@@ -7,6 +7,7 @@ single calls, with the L2 cache flushed (a 256 MiB buffer overwritten) before ev
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -159,31 +160,38 @@ def run(
     return copy, rows
 
 
-def host_overhead_us(calls: int = 5000) -> dict:
-    """CPU microseconds per call of forward / backward on tiny arrays (4 x 64 float32), warm:
-    what the Python layer costs on top of the launch, measured over many calls."""
+def cpu_us_per_call(fn, sync, calls: int, repeats: int = 5) -> float:
+    """CPU time of the process per call of ``fn`` (warm), the least over ``repeats`` runs of
+    ``calls`` calls: interference from the rest of the machine only ever adds time."""
     import time
 
+    for _ in range(100):
+        fn()
+    sync()
+    best = math.inf
+    for _ in range(repeats):
+        t = time.process_time()
+        for _ in range(calls):
+            fn()
+        best = min(best, (time.process_time() - t) / calls * 1e6)
+        sync()
+    return best
+
+
+def host_overhead_us(calls: int = 2000) -> dict:
+    """CPU microseconds per call of forward / backward on tiny arrays (4 x 64 float32), warm:
+    what the Python layer costs on top of the launch, measured over many calls."""
     import cupy
 
     x = ref.sample((4, 64), "float32", seed=0)
     w = ref.sample((64,), "float32", seed=1)
     dy = ref.sample((4, 64), "float32", seed=2)
     _, mean, rstd = _api.forward(x, w, w)
-    out = {}
-    for name, fn in (
-        ("forward", lambda: _api.forward(x, w, w)),
-        ("backward", lambda: _api.backward(dy, x, w, mean, rstd)),
-    ):
-        for _ in range(100):
-            fn()
-        cupy.cuda.get_current_stream().synchronize()
-        t = time.process_time()
-        for _ in range(calls):
-            fn()
-        out[name] = (time.process_time() - t) / calls * 1e6
-        cupy.cuda.get_current_stream().synchronize()
-    return out
+    sync = cupy.cuda.get_current_stream().synchronize
+    return {
+        "forward": cpu_us_per_call(lambda: _api.forward(x, w, w), sync, calls),
+        "backward": cpu_us_per_call(lambda: _api.backward(dy, x, w, mean, rstd), sync, calls),
+    }
 
 
 def _python_function(torch):
@@ -206,12 +214,10 @@ def _python_function(torch):
     return lambda x, shape, w, b: Native.apply(x, w, b)
 
 
-def torch_overhead_us(calls: int = 3000) -> dict:
+def torch_overhead_us(calls: int = 1000) -> dict:
     """CPU microseconds per call on tiny CUDA tensors (4 x 64 float32), warm: torch's
     F.layer_norm against cupyln.torch.layer_norm, inference (no grad) and a training step
     (forward + backward of one layer norm). Empty dict without torch/CUDA."""
-    import time
-
     try:
         import torch
 
@@ -244,17 +250,7 @@ def torch_overhead_us(calls: int = 3000) -> dict:
         # Python autograd.Function
         "torch kernels in a Python autograd.Function, fwd+bwd": step(_python_function(torch)),
     }
-    out = {}
-    for name, fn in cases.items():
-        for _ in range(100):
-            fn()
-        torch.cuda.synchronize()
-        t = time.process_time()
-        for _ in range(calls):
-            fn()
-        out[name] = (time.process_time() - t) / calls * 1e6
-        torch.cuda.synchronize()
-    return out
+    return {name: cpu_us_per_call(fn, torch.cuda.synchronize, calls) for name, fn in cases.items()}
 
 
 # ------------------------------------------------------------------ training step
