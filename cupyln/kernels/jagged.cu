@@ -10,8 +10,7 @@
 //     forward: a group of threads (a block, or a warp for small sequences) walks a contiguous
 //     range of sequences holding about total_L/G rows (jag_partition cuts them), staging each
 //     sequence in a shared-memory ring with cp.async up to six sequences ahead of the one it
-//     computes (three passes over the staged copy: each warp's mean, the sums about it, y;
-//     the warps' shares are joined after one barrier). x is read
+//     computes (three passes over the staged copy: mean, corrected variance, y). x is read
 //     once and y written once, and the loads never wait for the arithmetic. When the host
 //     knows that no sequence is long (max_seqlen, or the offsets check) it passes
 //     long_path = 0 and skips the chunk kernels; a sequence longer than promised is then
@@ -27,9 +26,9 @@
 //     deterministic; a third applies the statistics chunk by chunk. x is read twice there.
 //     The block-per-sequence kernel raises *has_long when it skips a sequence; the chunk
 //     kernels return at once when nothing was skipped.
-// Statistics are exact for large-mean data: the short path sums x minus its warp's mean and
-// keeps the mean in two parts, the walks x minus the share's first element, and the long path
-// applies the mean in double.
+// Statistics are exact for large-mean data: the short path sums x minus a first mean (the
+// corrected two-pass variance), the long path x minus the share's first element, and applies
+// the mean in double.
 // Backward: dx = rstd * (w*dy - (xhat * sum(w*dy*xhat) + sum(w*dy)) / (L*D)) per sequence, by
 // the same two paths; dw/db are column sums over all rows, computed by layer_norm_bwd.cu's
 // column kernel on per-row copies of the sequence statistics (jag_expand_stats).
@@ -254,13 +253,6 @@ struct Ring {
 };
 
 // Registers: three blocks of 256 threads per SM (the host's rings of 74 KB); two in double.
-// One warp's share of a sequence: element count, shift (the mean of its elements) and the sums
-// of x - shift and of its squares.
-template <typename A>
-struct WarpPart {
-  A n, shift, s1, s2;
-};
-
 template <typename T, typename TW, typename TB, typename I, int VEC, int BLOCK, int GROUP>
 __global__ void __launch_bounds__(BLOCK, BLOCK > 256 ? 1 : sizeof(T) == 8 ? 2 : 3)
     jag_fwd_short(const T* __restrict__ x, const I* __restrict__ off, const int D,
@@ -273,8 +265,7 @@ __global__ void __launch_bounds__(BLOCK, BLOCK > 256 ? 1 : sizeof(T) == 8 ? 2 : 
   typedef typename AccOf<T>::type A;
   typedef Pack<T, VEC> P;
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  __shared__ A red[BLOCK / 32];  // the walk of a sequence longer than promised
-  __shared__ WarpPart<A> shares[BLOCK / 32];
+  __shared__ A red[2 * (BLOCK / 32)];
   const int lane = threadIdx.x % GROUP;
   const i64 g = static_cast<i64>(blockIdx.x) * (BLOCK / GROUP) + threadIdx.x / GROUP;
   Ring<P, GROUP> r{reinterpret_cast<P*>(smem_raw) + (threadIdx.x / GROUP) * ring, ring};
@@ -320,58 +311,35 @@ __global__ void __launch_bounds__(BLOCK, BLOCK > 256 ? 1 : sizeof(T) == 8 ? 2 : 
     }
     r.wait_oldest();
     const int nv = static_cast<int>(cnt / VEC);
-    // pass 1: the mean of this warp's elements, a shift close to the data
+    const A inv = A(1) / static_cast<A>(cnt);
+    // pass 1: a first mean; pass 2: the sum and sum of squares of x minus it (the corrected
+    // two-pass variance: exact for large-mean data, the first mean need not be)
     A sum = 0;
     for (int v = lane, i = r.wrap(r.head + lane); v < nv; v += GROUP, i = r.wrap(i + GROUP)) {
       const P pk = r.slot[i];
 #pragma unroll
       for (int k = 0; k < VEC; ++k) sum += static_cast<A>(widen(pk.v[k]));
     }
-    const A mine = static_cast<A>(lane < nv ? (nv - lane + GROUP - 1) / GROUP * VEC : 0);
-    const A wn = group_sum<32>(mine, red);  // elements of this warp
-    const A shift = wn > A(0) ? group_sum<32>(sum, red) / wn : A(0);
-    // pass 2: sum and sum of squares of x - shift, per warp
+    const A mu0 = group_sum<GROUP>(sum, red) * inv;
     A s1 = 0, s2 = 0;
     for (int v = lane, i = r.wrap(r.head + lane); v < nv; v += GROUP, i = r.wrap(i + GROUP)) {
       const P pk = r.slot[i];
 #pragma unroll
       for (int k = 0; k < VEC; ++k) {
-        const A d = static_cast<A>(widen(pk.v[k])) - shift;
+        const A d = static_cast<A>(widen(pk.v[k])) - mu0;
         s1 += d;
         s2 += d * d;
       }
     }
-    s1 = group_sum<32>(s1, red);
-    s2 = group_sum<32>(s2, red);
-    // the group's mean as ref + dc (ref: warp 0's shift; two parts keep large means exact) and
-    // M2, joining the warps' (count, shift, s1, s2) in warp order: one barrier
-    A ref = shift, dc, m2;
-    if constexpr (GROUP == 32) {
-      dc = s1 / static_cast<A>(cnt);
-      m2 = s2 - s1 * dc;
-    } else {
-      if ((threadIdx.x & 31u) == 0) shares[threadIdx.x >> 5] = WarpPart<A>{wn, shift, s1, s2};
-      __syncthreads();  // (the previous readers of shares passed the end-of-sequence barrier)
-      ref = shares[0].shift;
-      A d1 = 0;
-#pragma unroll 4
-      for (int q = 0; q < BLOCK / 32; ++q) d1 += shares[q].n * (shares[q].shift - ref) + shares[q].s1;
-      dc = d1 / static_cast<A>(cnt);
-      m2 = 0;
-#pragma unroll 4
-      for (int q = 0; q < BLOCK / 32; ++q) {
-        const A e = (shares[q].shift - ref) - dc;  // warp q's shift minus the mean
-        m2 += shares[q].s2 + (A(2) * e) * shares[q].s1 + shares[q].n * e * e;
-      }
-    }
-    const A var = m2 / static_cast<A>(cnt);
+    group_sum2<GROUP>(s1, s2, red);
+    const A md = s1 * inv;
+    const A var = s2 * inv - md * md;
     const A rs = rsqrt_acc<A>((var > A(0) ? var : A(0)) + eps);
-    const A md = dc - (shift - ref);  // the mean minus this warp's shift
     if (lane == 0) {
-      mean[s] = ref + dc;
+      mean[s] = mu0 + md;
       rstd[s] = rs;
     }
-    // pass 3: y = ((x - shift) - md) * rs * w + b
+    // pass 3: y = ((x - mu0) - md) * rs * w + b
     T* dst = y + r0 * D;
     ColumnWalk col(lane, GROUP, D / VEC);
     for (int v = lane, i = r.wrap(r.head + lane); v < nv; v += GROUP, i = r.wrap(i + GROUP)) {
@@ -387,7 +355,7 @@ __global__ void __launch_bounds__(BLOCK, BLOCK > 256 ? 1 : sizeof(T) == 8 ? 2 : 
       }
 #pragma unroll
       for (int k = 0; k < VEC; ++k) {
-        out[k] = ((static_cast<A>(widen(pk.v[k])) - shift) - md) * rs * wv[k] + bv[k];
+        out[k] = ((static_cast<A>(widen(pk.v[k])) - mu0) - md) * rs * wv[k] + bv[k];
       }
       store_pack<T, A, VEC>(dst + static_cast<i64>(v) * VEC, out);
     }
