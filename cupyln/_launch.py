@@ -20,7 +20,9 @@ Thresholds and why (H200, bf16, M*N = 2**27; scripts/tune.py, data in docs/):
   2241 GB/s against 2501 at 512 x 4);
 * a persistent grid of exactly the resident blocks: for the backward 0.5x and 2x that were
   measured 5-30% slower (fewer blocks leave SMs idle; more add dw/db partial rows);
-* rows past the register tier go to one block per row, staged in shared memory when
+* forward rows of 24 KB and more that fit the shared memory take the ring tier (RING_* below):
+  the jagged forward's staging rings, loads of the next rows overlapping a row's arithmetic;
+* other rows past the register tier go to one block per row, staged in shared memory when
   N * itemsize (x 2 for backward) fits the device's opt-in limit, re-read otherwise.
 """
 
@@ -45,6 +47,18 @@ REG_BLOCK_MAX = 512  # ...up to 512 (1024 threads cap a thread at 64 registers: 
 ROW_BLOCK = 256
 ROW_BLOCK_ALONE = 512
 STATIC_SMEM_MARGIN = 1024  # the kernels' own static shared memory (reductions), bytes
+# Ring tier (kernels/jagged.cu ln_fwd_ring): forward rows of at least RING_MIN_BYTES that fit a
+# staging ring go through the jagged forward's ring kernel, whose rings load the next rows with
+# cp.async while a row is reduced and written (the register and row tiers wait for each row's
+# loads). RING_SPLIT blocks of RING_BLOCK_SPLIT threads share an SM when a row fits their share,
+# else two or one block of RING_BLOCK. scripts/tune_ring.py (docs/tune_ring_h200.txt), H200,
+# M*N = 2**27, GB/s against the best other tier: fp32 N=8192 3558 vs 3123 (reg), 12288 3517
+# vs 2454, 24576 3669 (2 x 512) vs 2313 (row); bf16 N=12288 2739 vs 2272, 32768 2772 vs 1733,
+# 65536 2419 (1 x 512) vs 1660; bf16 N=8192 (16 KB rows) 2597 vs 2916: the register tier stays.
+RING_MIN_BYTES = 24 * 1024
+RING_SPLIT = 3
+RING_BLOCK_SPLIT = 256
+RING_BLOCK = 512
 REDUCE_BLOCK = (32, 8)  # ln_partial_reduce and ln_bwd_dwdb_cols
 
 
@@ -54,7 +68,7 @@ class Plan:
 
     source: str
     expr: str
-    tier: str  # "reg" or "row"
+    tier: str  # "reg", "ring" or "row"
     vec: int
     items: int
     tpr: int
@@ -106,19 +120,37 @@ def _reg_shape(n: int, vec: int, values: int):
 def forward_plan(n: int, x_dtype, w_dtype, b_dtype, vec: int, smem_limit: int) -> Plan:
     """Kernel variant for the forward of rows of N elements of ``x_dtype``."""
     tx, tw, tb = ctype(x_dtype), ctype(w_dtype), ctype(b_dtype)
+    row_bytes = _cdiv(n * x_dtype.itemsize, 16) * 16
+    ring = None
+    if row_bytes >= RING_MIN_BYTES and vec * x_dtype.itemsize >= 4:  # cp.async of 4+ bytes
+        ring = _ring_shape(row_bytes, smem_limit)
+    if ring is not None:
+        block, smem = ring
+        expr = _compile.template("ln_fwd_ring", tx, tw, tb, vec, block, block)
+        return Plan(_compile.JAG_SOURCE, expr, "ring", vec, 0, block, block, 1, smem)
     values = FWD_REG_VALUES * 4 // acc_dtype(x_dtype).itemsize
     shape = _reg_shape(n, vec, values)
     if shape is not None:
         tpr, items, block = shape
         expr = _compile.template("ln_fwd_reg", tx, tw, tb, vec, items, tpr, block)
         return Plan(_compile.FWD_SOURCE, expr, "reg", vec, items, tpr, block, block // tpr, 0)
-    row_bytes = _cdiv(n * x_dtype.itemsize, 16) * 16
     stage = row_bytes <= smem_limit - STATIC_SMEM_MARGIN
     alone = not stage or 2 * (row_bytes + STATIC_SMEM_MARGIN) > smem_limit
     block = ROW_BLOCK_ALONE if alone else ROW_BLOCK
     expr = _compile.template("ln_fwd_row", tx, tw, tb, vec, block, stage)
     smem = row_bytes if stage else 0
     return Plan(_compile.FWD_SOURCE, expr, "row", vec, 0, block, block, 1, smem)
+
+
+def _ring_shape(nbytes: int, smem_limit: int):
+    """(threads, dynamic shared bytes) of a ring-tier block whose one ring holds ``nbytes``:
+    the most blocks per SM (up to RING_SPLIT) whose shares of the shared memory hold it; None
+    when not even one block's does."""
+    for k in range(RING_SPLIT, 0, -1):
+        share = (smem_limit // k - STATIC_SMEM_MARGIN) // 16 * 16
+        if nbytes <= share:
+            return (RING_BLOCK_SPLIT if k == RING_SPLIT else RING_BLOCK), share
+    return None
 
 
 def backward_plan(n: int, x_dtype, w_dtype, vec: int, smem_limit: int) -> Plan:

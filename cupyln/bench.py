@@ -244,6 +244,9 @@ def torch_overhead_us(calls: int = 1000) -> dict:
         "cupyln.torch.layer_norm, no grad": lambda: clt.layer_norm(
             x, (64,), w.detach(), b.detach()
         ),  # fmt: skip
+        # the forward call of a training step: the graph is recorded (then dropped)
+        "torch F.layer_norm, forward with grad": lambda: f(xg, (64,), w, b),
+        "cupyln.torch.layer_norm, forward with grad": lambda: clt.layer_norm(xg, (64,), w, b),
         "torch F.layer_norm, fwd+bwd": step(f),
         "cupyln.torch.layer_norm, fwd+bwd": step(clt.layer_norm),
         # the floor of any bridge with a Python backward: torch's own kernels, called from a

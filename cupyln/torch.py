@@ -261,15 +261,32 @@ class _Eager(torch.autograd.Function):
         n = x.shape[-1]
         wdt = x.dtype if weight is None else weight.dtype
         dx = torch.empty_like(x, memory_format=torch.contiguous_format)
-        dwdb = torch.empty(2, n, dtype=wdt, device=x.device)
-        dw, db = dwdb.unbind(0)
+        dw = torch.empty(n, dtype=wdt, device=x.device) if weight is not None else None
+        db = torch.empty(n, dtype=wdt, device=x.device)
         if dx.numel():
             m = stats.numel() // 2
             ptr = stats.data_ptr()
             _backward_into(dy, x, weight, ptr, ptr + m * stats.element_size(), dx, dw, db)
         else:
-            dwdb.zero_()
+            db.zero_()
+            if dw is not None:
+                dw.zero_()
         return _grads(ctx, dx, dw, db)
+
+
+# Function.apply less its Python prologue (argument binding, a generator over the arguments):
+# the C++ apply of torch's autograd, called after the same unwrapping of dead functorch wrappers
+_apply = super(torch.autograd.Function, _Eager).apply
+_unwrap = torch._C._functorch.unwrap_if_dead
+
+
+def _eager_apply(x, weight, bias, eps):
+    return _apply(
+        _unwrap(x),
+        None if weight is None else _unwrap(weight),
+        None if bias is None else _unwrap(bias),
+        eps,
+    )
 
 
 def _eager_forward(x, weight, bias, eps):
@@ -332,7 +349,7 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps: float = 1e-
             x.requires_grad or (w is not None and w.requires_grad)
             or (b is not None and b.requires_grad)
         )  # fmt: skip
-        y = _Eager.apply(x, w, b, float(eps)) if grad else _inference(x, w, b, float(eps))
+        y = _eager_apply(x, w, b, float(eps)) if grad else _inference(x, w, b, float(eps))
     else:
         y = torch.ops.cupyln.layer_norm_fwd(x, w, b, float(eps))[0]
     return y if k == 1 else y.reshape(input.shape)

@@ -2,7 +2,7 @@
 the forward ring kernel's threads per block and warp groups, the backward block-per-sequence
 kernel's threads and loads in flight. Prints GB/s (forward 2x, backward 3x the bytes of
 values) and checks every variant against the first.
-    python scripts/tune_jagged.py"""
+    python scripts/tune_jagged.py [--wide] [--backward]   (--wide: D = 256 only)"""
 
 import itertools
 
@@ -12,6 +12,7 @@ from cupyln import _jagged, _launch, bench
 
 KW = dict(max_seqlen=128, check_offsets=False)
 SHAPES = ((16384, 256), (16384, 32))
+RING_BLOCKS = (256, 384, 512)  # threads per block of the ring kernel's block groups
 
 
 def kernels(values, offsets):
@@ -56,7 +57,7 @@ def main(backward_too: bool = False) -> None:
         values, offsets, dy = bench.jagged_inputs(b, d, dtype)
         gb = 2 * values.nbytes * 1e-6
         first, seen = None, set()
-        shapes = itertools.product((256, 512), ((16, 8), (8,), ()), (1, 2, 3))
+        shapes = itertools.product(RING_BLOCKS, ((16, 8), (8,), ()), (1, 2, 3))
         for ring_block, warps, split in shapes:
             try:
                 y, ms, k = forward(values, offsets, ring_block, warps, split)
@@ -92,4 +93,6 @@ def main(backward_too: bool = False) -> None:
 if __name__ == "__main__":
     import sys
 
+    if "--wide" in sys.argv:  # D = 256 only
+        SHAPES = SHAPES[:1]
     main(backward_too="--backward" in sys.argv)

@@ -22,8 +22,9 @@ _REPORT = re.compile(
 
 def variants(x_dtype):
     """{source: sorted expressions} over every width, vector width and shared-memory limit,
-    plus every w/b dtype pairing for one register-tier and one row-tier shape."""
-    out = {_compile.FWD_SOURCE: set(), _compile.BWD_SOURCE: set()}
+    plus every w/b dtype pairing for one register-tier, one row-tier and one ring-tier shape
+    (the ring tier's kernel is in the jagged source)."""
+    out = {_compile.FWD_SOURCE: set(), _compile.BWD_SOURCE: set(), _compile.JAG_SOURCE: set()}
     for smem in (SMEM_H100, SMEM_A100):
         for vec in _vecs(x_dtype):
             for n in NS:
@@ -35,10 +36,9 @@ def variants(x_dtype):
                         out[p.source].add(p.expr)
     for tw in DTYPES:
         for tb in DTYPES:
-            for n in (4096, 65536):
-                out[_compile.FWD_SOURCE].add(
-                    _launch.forward_plan(n, x_dtype, tw, tb, 1, SMEM_H100).expr
-                )
+            for n, vec in ((4096, 1), (65536, 1), (65536, 16 // x_dtype.itemsize)):
+                p = _launch.forward_plan(n, x_dtype, tw, tb, vec, SMEM_H100)  # reg, row, ring
+                out[p.source].add(p.expr)
             out[_compile.BWD_SOURCE].add(_launch.reduce_expr(x_dtype, tw, tb))
         out[_compile.BWD_SOURCE].add(_launch.backward_plan(4096, x_dtype, tw, 1, SMEM_H100).expr)
     out[_compile.BWD_SOURCE].add(_launch.dwdb_cols_expr(x_dtype))
@@ -46,7 +46,7 @@ def variants(x_dtype):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("source", [_compile.FWD_SOURCE, _compile.BWD_SOURCE])
+@pytest.mark.parametrize("source", [_compile.FWD_SOURCE, _compile.BWD_SOURCE, _compile.JAG_SOURCE])
 @pytest.mark.parametrize("x_dtype", DTYPES, ids=lambda d: d.name)
 def test_every_variant_compiles_without_spills(x_dtype, source, arch):
     exprs = variants(x_dtype)[source]

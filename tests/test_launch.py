@@ -45,6 +45,11 @@ def test_every_width_gets_a_valid_plan(dtype, smem):
                 else:
                     assert plan.tpr == plan.block and plan.rows == 1
                     assert plan.smem <= smem - _launch.STATIC_SMEM_MARGIN
+                if plan.tier == "ring":  # one row fits the block's ring, one ring per block
+                    assert n * dtype.itemsize <= plan.smem and plan.smem % 16 == 0
+                    assert n * dtype.itemsize + 15 >= _launch.RING_MIN_BYTES  # 16-byte rounding
+                    assert vec * dtype.itemsize >= 4, plan  # cp.async copies 4, 8 or 16 bytes
+                    assert plan.expr.startswith("cupyln::ln_fwd_ring<")
 
 
 def test_tiers_by_width():
@@ -52,11 +57,28 @@ def test_tiers_by_width():
     f32 = np.dtype(np.float32)
     assert _launch.forward_plan(1024, bf16, bf16, bf16, 8, SMEM_H100).tpr == 32
     assert _launch.forward_plan(4096, bf16, bf16, bf16, 8, SMEM_H100).tier == "reg"
-    big = _launch.forward_plan(65536, bf16, bf16, bf16, 8, SMEM_H100)
-    assert big.tier == "row" and big.smem == 65536 * 2  # staged in shared memory
+    assert _launch.forward_plan(8192, bf16, bf16, bf16, 8, SMEM_H100).tier == "reg"
+    # rows of 24 KB and more through the ring kernel: three blocks of 256 threads per SM while
+    # a row fits a third of the shared memory, else two or one block of 512
+    for n, dt, vec, block, per_sm in (
+        (12288, bf16, 8, 256, 3),
+        (8192, f32, 4, 256, 3),
+        (24576, f32, 4, 512, 2),
+        (65536, bf16, 8, 512, 1),
+    ):
+        p = _launch.forward_plan(n, dt, dt, dt, vec, SMEM_H100)
+        assert (p.tier, p.block, SMEM_H100 // (p.smem + _launch.STATIC_SMEM_MARGIN)) == (
+            "ring",
+            block,
+            per_sm,
+        ), (n, dt, p)
+    # odd widths of 16-bit elements (2-byte accesses, which cp.async cannot copy) stay in the
+    # row tier, staged in shared memory
+    staged = _launch.forward_plan(65537, bf16, bf16, bf16, 1, SMEM_H100)
+    assert staged.tier == "row" and staged.smem == 131088
     huge = _launch.forward_plan(10**6, f32, f32, f32, 4, SMEM_H100)
     assert huge.tier == "row" and huge.smem == 0  # re-read: a slower path, not a wrong one
-    assert "true" in big.expr and "false" in huge.expr
+    assert "true" in staged.expr and "false" in huge.expr
 
 
 def test_vector_width():

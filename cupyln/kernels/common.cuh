@@ -128,7 +128,11 @@ __device__ __forceinline__ A shfl_xor(unsigned mask, A v, int lane_mask) {
 //   TPR <= 32: the group is an aligned slice of a warp; only its lanes take part.
 //   TPR  > 32: the group is the whole block (TPR == blockDim.x); `red` holds TPR/32 values and
 //              the call contains __syncthreads(), so every thread of the block must call it.
-template <int TPR, typename A>
+//              GUARD: a first barrier waits until no thread still reads `red` from an earlier
+//              call. A caller whose consecutive calls alternate between two buffers passes
+//              false: one barrier per sum (a thread writes buffer A again only after passing
+//              the barrier of a B call, which every thread reaches after its last read of A).
+template <int TPR, bool GUARD = true, typename A>
 __device__ __forceinline__ A group_sum(A v, A* red) {
   if constexpr (TPR <= 32) {
     unsigned mask = 0xffffffffu;
@@ -139,7 +143,7 @@ __device__ __forceinline__ A group_sum(A v, A* red) {
   } else {
 #pragma unroll
     for (int o = 16; o > 0; o /= 2) v += shfl_xor(0xffffffffu, v, o);
-    __syncthreads();  // the previous use of `red` is finished in every thread
+    if constexpr (GUARD) __syncthreads();  // the previous use of `red` is over in every thread
     if ((threadIdx.x & 31u) == 0) red[threadIdx.x >> 5] = v;
     __syncthreads();
     A t = red[0];
@@ -149,8 +153,9 @@ __device__ __forceinline__ A group_sum(A v, A* red) {
   }
 }
 
-// Two sums in one pass of synchronisation (the backward needs sum(xhat*wdy) and sum(wdy)).
-template <int TPR, typename A>
+// Two sums in one pass of synchronisation (the backward needs sum(xhat*wdy) and sum(wdy)); `red`
+// holds 2 * TPR/32 values, GUARD as for group_sum.
+template <int TPR, bool GUARD = true, typename A>
 __device__ __forceinline__ void group_sum2(A& a, A& b, A* red) {
   if constexpr (TPR <= 32) {
     a = group_sum<TPR>(a, red);
@@ -161,7 +166,7 @@ __device__ __forceinline__ void group_sum2(A& a, A& b, A* red) {
       a += shfl_xor(0xffffffffu, a, o);
       b += shfl_xor(0xffffffffu, b, o);
     }
-    __syncthreads();
+    if constexpr (GUARD) __syncthreads();
     if ((threadIdx.x & 31u) == 0) {
       red[threadIdx.x >> 5] = a;
       red[TPR / 32 + (threadIdx.x >> 5)] = b;

@@ -26,9 +26,11 @@
 //     deterministic; a third applies the statistics chunk by chunk. x is read twice there.
 //     The block-per-sequence kernel raises *has_long when it skips a sequence; the chunk
 //     kernels return at once when nothing was skipped.
-// Statistics are exact for large-mean data: the short path sums x minus a first mean (the
-// corrected two-pass variance), the long path x minus the share's first element, and applies
-// the mean in double.
+// Statistics are exact for large-mean data: the short path sums x minus a first mean (the mean
+// of the sequence's first row; the corrected two-pass variance), the long path x minus the
+// share's first element, and applies the mean in double.
+// The dense forward's ring tier (ln_fwd_ring, below jag_fwd_short) runs the same ring code on
+// the rows of a dense [M, N] batch, each row a sequence of one row (no offsets array).
 // Backward: dx = rstd * (w*dy - (xhat * sum(w*dy*xhat) + sum(w*dy)) / (L*D)) per sequence, by
 // the same two paths; dw/db are column sums over all rows, computed by layer_norm_bwd.cu's
 // column kernel on per-row copies of the sequence statistics (jag_expand_stats).
@@ -252,35 +254,44 @@ struct Ring {
   }
 };
 
-// Registers: three blocks of 256 threads per SM (the host's rings of 74 KB); two in double.
+// The sequences of the ring forward: a jagged batch's offsets (int or long long), or the rows of
+// a dense batch (DenseRows: sequence s is row s, no offsets array).
+struct DenseRows {};
+
+template <typename I>
+__device__ __forceinline__ i64 seq_start(const I* __restrict__ off, const i64 s) {
+  return static_cast<i64>(off[s]);
+}
+__device__ __forceinline__ i64 seq_start(const DenseRows*, const i64 s) { return s; }
+
+// The ring forward of one group over its sequences [s_begin, s_end): sequence s is rows
+// [seq_start(s), seq_start(s + 1)) of x (row i at x + i * x_pitch; a sequence of several rows
+// needs x_pitch == D) and of y (contiguous). The group's ring is `ring` packs at slots.
+// mean/rstd may be null (not stored).
 template <typename T, typename TW, typename TB, typename I, int VEC, int BLOCK, int GROUP>
-__global__ void __launch_bounds__(BLOCK, BLOCK > 256 ? 1 : sizeof(T) == 8 ? 2 : 3)
-    jag_fwd_short(const T* __restrict__ x, const I* __restrict__ off, const int D,
-                  T* __restrict__ y, const TW* __restrict__ w, const TB* __restrict__ b,
-                  typename AccOf<T>::type* __restrict__ mean,
-                  typename AccOf<T>::type* __restrict__ rstd,
-                  const typename AccOf<T>::type eps, const i64 cap, const int ring,
-                  const i64* __restrict__ parts, const int long_path,
-                  unsigned* __restrict__ has_long) {
+__device__ __forceinline__ void ring_forward(
+    const T* __restrict__ x, const i64 x_pitch, const I* __restrict__ off, const i64 s_begin,
+    const i64 s_end, const int D, T* __restrict__ y, const TW* __restrict__ w,
+    const TB* __restrict__ b, typename AccOf<T>::type* __restrict__ mean,
+    typename AccOf<T>::type* __restrict__ rstd, const typename AccOf<T>::type eps,
+    const i64 cap, Pack<T, VEC>* slots, const int ring, const int long_path,
+    unsigned* __restrict__ has_long, typename AccOf<T>::type* red) {
   typedef typename AccOf<T>::type A;
   typedef Pack<T, VEC> P;
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  __shared__ A red[2 * (BLOCK / 32)];
   const int lane = threadIdx.x % GROUP;
-  const i64 g = static_cast<i64>(blockIdx.x) * (BLOCK / GROUP) + threadIdx.x / GROUP;
-  Ring<P, GROUP> r{reinterpret_cast<P*>(smem_raw) + (threadIdx.x / GROUP) * ring, ring};
-  const i64 s_end = parts[g + 1];
-  i64 next = parts[g];  // the next sequence to stage
+  const bool stats = mean != nullptr;
+  Ring<P, GROUP> r{slots, ring};
+  i64 next = s_begin;  // the next sequence to stage
   const bool affine = w != nullptr || b != nullptr;
-  for (i64 s = parts[g]; s < s_end; ++s) {
-    const i64 r0 = off[s];
-    const i64 cnt = (static_cast<i64>(off[s + 1]) - r0) * D;
+  for (i64 s = s_begin; s < s_end; ++s) {
+    const i64 r0 = seq_start(off, s);
+    const i64 cnt = (seq_start(off, s + 1) - r0) * D;
     if (cnt > cap && long_path) {  // a long sequence: the chunk kernels
       if (lane == 0) *has_long = 1u;
       continue;
     }
     if (cnt > cap) {  // longer than max_seqlen promised: walked from global memory, slowly
-      const T* p = x + r0 * D;
+      const T* p = x + r0 * x_pitch;
       const i64 nv = cnt / VEC;
       const A k0 = static_cast<A>(widen(p[0]));
       const A mu = group_sum<GROUP>(sum_vectors<T, A, VEC, GROUP, 1>(p, nv, k0, lane), red) /
@@ -289,7 +300,7 @@ __global__ void __launch_bounds__(BLOCK, BLOCK > 256 ? 1 : sizeof(T) == 8 ? 2 : 
           group_sum<GROUP>(sq_dev_vectors<T, A, VEC, GROUP, 1>(p, nv, k0, mu, lane), red) /
           static_cast<A>(cnt);
       const A rs = rsqrt_acc<A>(var + eps);
-      if (lane == 0) {
+      if (lane == 0 && stats) {
         mean[s] = k0 + mu;
         rstd[s] = rs;
       }
@@ -297,7 +308,7 @@ __global__ void __launch_bounds__(BLOCK, BLOCK > 256 ? 1 : sizeof(T) == 8 ? 2 : 
       continue;
     }
     if (cnt == 0) {
-      if (lane == 0) {
+      if (lane == 0 && stats) {
         mean[s] = A(0);
         rstd[s] = rsqrt_acc<A>(eps);
       }
@@ -305,22 +316,26 @@ __global__ void __launch_bounds__(BLOCK, BLOCK > 256 ? 1 : sizeof(T) == 8 ? 2 : 
     }
     // stage s (when not yet) and up to JAG_DEPTH sequences after it, as far as the ring holds
     for (; next < s_end && r.ahead <= JAG_DEPTH; ++next) {
-      const i64 a = off[next], c = (static_cast<i64>(off[next + 1]) - a) * D;
+      const i64 a = seq_start(off, next), c = (seq_start(off, next + 1) - a) * D;
       if (c > cap || c == 0) continue;  // not staged (see above)
-      if (!r.stage(reinterpret_cast<const P*>(x + a * D), static_cast<int>(c / VEC), lane)) break;
+      if (!r.stage(reinterpret_cast<const P*>(x + a * x_pitch), static_cast<int>(c / VEC), lane)) {
+        break;
+      }
     }
     r.wait_oldest();
     const int nv = static_cast<int>(cnt / VEC);
     const A inv = A(1) / static_cast<A>(cnt);
-    // pass 1: a first mean; pass 2: the sum and sum of squares of x minus it (the corrected
-    // two-pass variance: exact for large-mean data, the first mean need not be)
+    // pass 1: a first mean, of the sequence's first row; pass 2: the sum and sum of squares of
+    // x minus it (the corrected two-pass variance: exact for large-mean data as long as the
+    // first mean is within a few standard deviations of the mean, which a row's mean is)
+    const int nv1 = D / VEC;
     A sum = 0;
-    for (int v = lane, i = r.wrap(r.head + lane); v < nv; v += GROUP, i = r.wrap(i + GROUP)) {
+    for (int v = lane, i = r.wrap(r.head + lane); v < nv1; v += GROUP, i = r.wrap(i + GROUP)) {
       const P pk = r.slot[i];
 #pragma unroll
       for (int k = 0; k < VEC; ++k) sum += static_cast<A>(widen(pk.v[k]));
     }
-    const A mu0 = group_sum<GROUP>(sum, red) * inv;
+    const A mu0 = group_sum<GROUP>(sum, red) / static_cast<A>(D);
     A s1 = 0, s2 = 0;
     for (int v = lane, i = r.wrap(r.head + lane); v < nv; v += GROUP, i = r.wrap(i + GROUP)) {
       const P pk = r.slot[i];
@@ -335,7 +350,7 @@ __global__ void __launch_bounds__(BLOCK, BLOCK > 256 ? 1 : sizeof(T) == 8 ? 2 : 
     const A md = s1 * inv;
     const A var = s2 * inv - md * md;
     const A rs = rsqrt_acc<A>((var > A(0) ? var : A(0)) + eps);
-    if (lane == 0) {
+    if (lane == 0 && stats) {
       mean[s] = mu0 + md;
       rstd[s] = rs;
     }
@@ -362,6 +377,54 @@ __global__ void __launch_bounds__(BLOCK, BLOCK > 256 ? 1 : sizeof(T) == 8 ? 2 : 
     r.release(nv);
     group_sync<GROUP, BLOCK>();  // every thread is done with s's slots before they are reused
   }
+}
+
+// Registers: three blocks of 256 threads per SM (the host's rings of 74 KB); two in double.
+template <typename T, typename TW, typename TB, typename I, int VEC, int BLOCK, int GROUP>
+__global__ void __launch_bounds__(BLOCK, BLOCK > 256 ? 1 : sizeof(T) == 8 ? 2 : 3)
+    jag_fwd_short(const T* __restrict__ x, const I* __restrict__ off, const int D,
+                  T* __restrict__ y, const TW* __restrict__ w, const TB* __restrict__ b,
+                  typename AccOf<T>::type* __restrict__ mean,
+                  typename AccOf<T>::type* __restrict__ rstd,
+                  const typename AccOf<T>::type eps, const i64 cap, const int ring,
+                  const i64* __restrict__ parts, const int long_path,
+                  unsigned* __restrict__ has_long) {
+  typedef typename AccOf<T>::type A;
+  typedef Pack<T, VEC> P;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  __shared__ A red[2 * (BLOCK / 32)];
+  const i64 g = static_cast<i64>(blockIdx.x) * (BLOCK / GROUP) + threadIdx.x / GROUP;
+  P* slots = reinterpret_cast<P*>(smem_raw) + (threadIdx.x / GROUP) * ring;
+  ring_forward<T, TW, TB, I, VEC, BLOCK, GROUP>(x, D, off, parts[g], parts[g + 1], D, y, w, b,
+                                                mean, rstd, eps, cap, slots, ring, long_path,
+                                                has_long, red);
+}
+
+// Tier "ring" of the dense forward (layer_norm_fwd.cu's signature): rows of x [M, N] (row i at
+// x + i * x_stride) through the same staging rings, each row a sequence of one row, group q of
+// the G groups taking rows [q*M/G, (q+1)*M/G). The dynamic shared memory is split evenly into
+// the BLOCK/GROUP groups' rings; each must hold a row (the host's plan sees to it).
+template <typename T, typename TW, typename TB, int VEC, int BLOCK, int GROUP>
+__global__ void __launch_bounds__(BLOCK, BLOCK > 256 ? 1 : sizeof(T) == 8 ? 2 : 3)
+    ln_fwd_ring(const T* __restrict__ x, const i64 x_stride, T* __restrict__ y,
+                const TW* __restrict__ w, const TB* __restrict__ b,
+                typename AccOf<T>::type* __restrict__ mean,
+                typename AccOf<T>::type* __restrict__ rstd, const i64 M, const int N,
+                const typename AccOf<T>::type eps) {
+  typedef typename AccOf<T>::type A;
+  typedef Pack<T, VEC> P;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  __shared__ A red[2 * (BLOCK / 32)];
+  unsigned smem_bytes;
+  asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(smem_bytes));
+  constexpr int GROUPS = BLOCK / GROUP;
+  const int ring = static_cast<int>(smem_bytes / (GROUPS * sizeof(P)));
+  const i64 G = static_cast<i64>(gridDim.x) * GROUPS;
+  const i64 g = static_cast<i64>(blockIdx.x) * GROUPS + threadIdx.x / GROUP;
+  P* slots = reinterpret_cast<P*>(smem_raw) + (threadIdx.x / GROUP) * ring;
+  ring_forward<T, TW, TB, DenseRows, VEC, BLOCK, GROUP>(
+      x, x_stride, static_cast<const DenseRows*>(nullptr), g * M / G, (g + 1) * M / G, N, y, w,
+      b, mean, rstd, eps, static_cast<i64>(N), slots, ring, 0, nullptr, red);
 }
 
 // Cuts the sequences into G contiguous ranges of about total/G rows each for the short

@@ -12,9 +12,13 @@
 // before summing, so rows with a large mean (1e4 + noise) keep full float32 precision.
 // Padding lanes hold 0 in the first pass and are skipped in the second.
 //
+// Block-wide sums alternate between two shared buffers (mean, variance), so each costs one
+// barrier: two per row.
 // Rows are walked with a grid-stride loop (64-bit row offsets; any M with a grid the launcher
 // sizes to the resident capacity). Vector width VEC is chosen by the host so that N, the row
 // stride and every pointer are multiples of VEC elements (16-byte accesses where possible).
+// Rows of 24 KB and more that fit shared memory take the ring tier, kernels/jagged.cu
+// ln_fwd_ring (the next rows load while one is reduced); cupyln/_launch.py chooses.
 #include "common.cuh"
 
 namespace cupyln {
@@ -41,7 +45,7 @@ __global__ void __launch_bounds__(BLOCK, 1)
   static_assert(TPR <= 32 ? (32 % TPR == 0 && BLOCK % 32 == 0) : TPR == BLOCK, "bad tiling");
   static_assert(BLOCK % 32 == 0 && BLOCK <= 1024, "bad block");
   constexpr int ROWS = BLOCK / TPR;
-  __shared__ A red[TPR > 32 ? TPR / 32 : 1];
+  __shared__ A red[2][TPR > 32 ? TPR / 32 : 1];  // the mean's and the variance's sums
 
   const int lane = threadIdx.x % TPR;
   const A inv_n = A(1) / A(N);
@@ -73,7 +77,7 @@ __global__ void __launch_bounds__(BLOCK, 1)
         s += v[i][k];
       }
     }
-    const A mu = group_sum<TPR>(s, red) * inv_n;  // mean of (x - shift)
+    const A mu = group_sum<TPR, false>(s, red[0]) * inv_n;  // mean of (x - shift)
     A ss = 0;
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
@@ -85,7 +89,7 @@ __global__ void __launch_bounds__(BLOCK, 1)
         }
       }
     }
-    const A r = rsqrt_acc(group_sum<TPR>(ss, red) * inv_n + eps);
+    const A r = rsqrt_acc(group_sum<TPR, false>(ss, red[1]) * inv_n + eps);
     if (lane == 0 && mean != nullptr) {
       mean[row] = shift + mu;
       rstd[row] = r;
@@ -137,7 +141,7 @@ __global__ void __launch_bounds__(BLOCK, 1)
   constexpr int STEP = BLOCK * VEC;
   extern __shared__ __align__(16) unsigned char dyn_smem[];
   T* stage = reinterpret_cast<T*>(dyn_smem);
-  __shared__ A red[BLOCK / 32];
+  __shared__ A red[2][BLOCK / 32];  // the mean's and the variance's sums
   const A inv_n = A(1) / A(N);
 
   for (i64 row = blockIdx.x; row < M; row += gridDim.x) {
@@ -162,7 +166,7 @@ __global__ void __launch_bounds__(BLOCK, 1)
         }
       }
     }
-    const A mu = group_sum<BLOCK>(s, red) * inv_n;
+    const A mu = group_sum<BLOCK, false>(s, red[0]) * inv_n;
     const T* __restrict__ src = STAGE ? stage : xr;
 
     A ss = 0;
@@ -184,7 +188,7 @@ __global__ void __launch_bounds__(BLOCK, 1)
         }
       }
     }
-    const A r = rsqrt_acc(group_sum<BLOCK>(ss, red) * inv_n + eps);
+    const A r = rsqrt_acc(group_sum<BLOCK, false>(ss, red[1]) * inv_n + eps);
     if (threadIdx.x == 0 && mean != nullptr) {
       mean[row] = shift + mu;
       rstd[row] = r;
