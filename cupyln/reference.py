@@ -98,6 +98,17 @@ def assert_close(out, ref, what, atol_scale=1.0, arithmetic="float32"):
         )
 
 
+def poison_pool(nbytes: int) -> None:
+    """Leave a NaN-filled block of ``nbytes`` in CuPy's memory pool, so that the next allocation
+    of that size (an output) starts out as NaN rather than as stale results: an element a
+    kernel leaves unwritten then fails the comparison."""
+    import cupy
+
+    block = cupy.empty(max(nbytes, 1), cupy.uint8)
+    block.fill(0xFF)  # NaN in every float format
+    del block
+
+
 def sample(shape, dtype, loc=-2.3, scale=0.5, seed=None, xp=None):
     """``loc + scale * randn`` rounded to ``dtype`` (the seeds' inputs: nonzero mean, no zeros).
     CuPy arrays unless ``xp`` says otherwise."""

@@ -37,21 +37,15 @@ def batch(lengths, d, dtype, off_dtype="int64", wdt="float32", bdt="float32"):
     return values, cupy.asarray(offsets), w, b, dy
 
 
-def _poison_pool(nbytes):
-    block = cupy.empty(max(nbytes, 1), cupy.uint8)
-    block.fill(0xFF)
-    del block
-
-
 def check(values, offsets, w, b, dy, eps=1e-6, **kw):
     ar = "float64" if values.dtype == np.float64 else "float32"
-    _poison_pool(values.nbytes)
+    ref.poison_pool(values.nbytes)
     y, mean, rstd = cupyln.jagged_forward(values, offsets, w, b, eps, **kw)
     yr, meanr, rstdr = ref.jagged_forward(values, offsets, w, b, eps)
     ref.assert_close(y, yr, "y", arithmetic=ar)
     ref.assert_close(mean, meanr, "mean", arithmetic=ar)
     ref.assert_close(rstd, rstdr, "rstd", arithmetic=ar)
-    _poison_pool(values.nbytes)
+    ref.poison_pool(values.nbytes)
     dx, dw, db = cupyln.jagged_backward(dy, values, offsets, w, mean, rstd, **kw)
     dxr, dwr, dbr = ref.jagged_backward(dy, values, offsets, w, eps)
     rows = math.sqrt(max(values.shape[0], 1))

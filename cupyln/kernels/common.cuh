@@ -8,6 +8,7 @@
 //   * widen / narrow: element <-> arithmetic conversions (round-to-nearest-even);
 //   * load_pack / store_pack: VEC consecutive elements in one access of VEC*sizeof(T) bytes
 //     (the caller guarantees that alignment);
+//   * walk_vectors: a group's strided walk over the packs of a span, U loads in flight;
 //   * group_sum: a sum over the TPR threads that own one row, identical in every thread
 //     (xor butterfly inside a warp, fixed-order sum of per-warp partials across warps);
 //   * sum_over_y8: fixed-order column sums in the (32, 8) blocks of the dw/db kernels.
@@ -114,6 +115,26 @@ __device__ __forceinline__ void store_pack(T* __restrict__ p, const A (&in)[VEC]
 #pragma unroll
   for (int k = 0; k < VEC; ++k) pk.v[k] = narrow<T>(in[k]);
   *reinterpret_cast<Pack<T, VEC>*>(p) = pk;
+}
+
+// Walks packs v = t, t + S, t + 2S, ... < nv of p (VEC elements each, p aligned to a pack) for
+// thread t of a group of S threads, U loads issued before the first is used: calls f(v, pack)
+// for each, in that order.
+template <typename T, int VEC, int S, int U, typename F>
+__device__ __forceinline__ void walk_vectors(const T* __restrict__ p, const i64 nv, const int t,
+                                             F f) {
+  const Pack<T, VEC>* __restrict__ packs = reinterpret_cast<const Pack<T, VEC>*>(p);
+  for (i64 v0 = t; v0 < nv; v0 += U * S) {
+    Pack<T, VEC> pk[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (v0 + u * S < nv) pk[u] = packs[v0 + u * S];
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (v0 + u * S < nv) f(v0 + u * S, pk[u]);
+    }
+  }
 }
 
 // ------------------------------------------------------------------ reductions

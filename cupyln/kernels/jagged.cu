@@ -96,22 +96,10 @@ template <typename T, typename A, int VEC, int S, int U = 4>
 __device__ __forceinline__ A sum_vectors(const T* __restrict__ p, const i64 nv, const A k0,
                                          const int t) {
   A sum = 0;
-  for (i64 v0 = t; v0 < nv; v0 += U * S) {
-    Pack<T, VEC> pk[U];
+  walk_vectors<T, VEC, S, U>(p, nv, t, [&](i64, const Pack<T, VEC>& pk) {
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const i64 v = v0 + u * S;
-      if (v < nv) pk[u] = ld<T, VEC>(p, v);
-    }
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const i64 v = v0 + u * S;
-      if (v < nv) {
-#pragma unroll
-        for (int k = 0; k < VEC; ++k) sum += static_cast<A>(widen(pk[u].v[k])) - k0;
-      }
-    }
-  }
+    for (int k = 0; k < VEC; ++k) sum += static_cast<A>(widen(pk.v[k])) - k0;
+  });
   return sum;
 }
 
@@ -120,25 +108,13 @@ template <typename T, typename A, int VEC, int S, int U = 4>
 __device__ __forceinline__ A sq_dev_vectors(const T* __restrict__ p, const i64 nv, const A k0,
                                             const A mu, const int t) {
   A sq = 0;
-  for (i64 v0 = t; v0 < nv; v0 += U * S) {
-    Pack<T, VEC> pk[U];
+  walk_vectors<T, VEC, S, U>(p, nv, t, [&](i64, const Pack<T, VEC>& pk) {
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const i64 v = v0 + u * S;
-      if (v < nv) pk[u] = ld<T, VEC>(p, v);
+    for (int k = 0; k < VEC; ++k) {
+      const A d = (static_cast<A>(widen(pk.v[k])) - k0) - mu;
+      sq += d * d;
     }
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const i64 v = v0 + u * S;
-      if (v < nv) {
-#pragma unroll
-        for (int k = 0; k < VEC; ++k) {
-          const A d = (static_cast<A>(widen(pk[u].v[k])) - k0) - mu;
-          sq += d * d;
-        }
-      }
-    }
-  }
+  });
   return sq;
 }
 

@@ -137,8 +137,8 @@ __global__ void __launch_bounds__(BLOCK, 1)
                const typename AccOf<T>::type eps) {
   typedef typename AccOf<T>::type A;
   static_assert(BLOCK % 32 == 0 && BLOCK <= 1024, "bad block");
+  typedef Pack<T, VEC> P;
   constexpr int UNROLL = 4;
-  constexpr int STEP = BLOCK * VEC;
   extern __shared__ __align__(16) unsigned char dyn_smem[];
   T* stage = reinterpret_cast<T*>(dyn_smem);
   __shared__ A red[2][BLOCK / 32];  // the mean's and the variance's sums
@@ -148,46 +148,24 @@ __global__ void __launch_bounds__(BLOCK, 1)
     const T* __restrict__ xr = x + row * x_stride;
     const A shift = static_cast<A>(widen(xr[0]));
 
+    const i64 nv = N / VEC;  // a row's packs
     A s = 0;
-    for (int base = threadIdx.x * VEC; base < N; base += UNROLL * STEP) {
-      Pack<T, VEC> raw[UNROLL];
+    walk_vectors<T, VEC, BLOCK, UNROLL>(xr, nv, threadIdx.x, [&](const i64 v, const P& pk) {
+      if constexpr (STAGE) reinterpret_cast<P*>(stage)[v] = pk;
 #pragma unroll
-      for (int u = 0; u < UNROLL; ++u) {
-        const int col = base + u * STEP;
-        if (col < N) raw[u] = *reinterpret_cast<const Pack<T, VEC>*>(xr + col);
-      }
-#pragma unroll
-      for (int u = 0; u < UNROLL; ++u) {
-        const int col = base + u * STEP;
-        if (col < N) {
-          if constexpr (STAGE) *reinterpret_cast<Pack<T, VEC>*>(stage + col) = raw[u];
-#pragma unroll
-          for (int k = 0; k < VEC; ++k) s += static_cast<A>(widen(raw[u].v[k])) - shift;
-        }
-      }
-    }
+      for (int k = 0; k < VEC; ++k) s += static_cast<A>(widen(pk.v[k])) - shift;
+    });
     const A mu = group_sum<BLOCK, false>(s, red[0]) * inv_n;
     const T* __restrict__ src = STAGE ? stage : xr;
 
     A ss = 0;
-    for (int base = threadIdx.x * VEC; base < N; base += UNROLL * STEP) {
-      A v[UNROLL][VEC];
+    walk_vectors<T, VEC, BLOCK, UNROLL>(src, nv, threadIdx.x, [&](i64, const P& pk) {
 #pragma unroll
-      for (int u = 0; u < UNROLL; ++u) {
-        const int col = base + u * STEP;
-        if (col < N) load_pack<A, T, VEC>(src + col, v[u]);
+      for (int k = 0; k < VEC; ++k) {
+        const A d = static_cast<A>(widen(pk.v[k])) - shift - mu;
+        ss += d * d;
       }
-#pragma unroll
-      for (int u = 0; u < UNROLL; ++u) {
-        if (base + u * STEP < N) {
-#pragma unroll
-          for (int k = 0; k < VEC; ++k) {
-            const A d = v[u][k] - shift - mu;
-            ss += d * d;
-          }
-        }
-      }
-    }
+    });
     const A r = rsqrt_acc(group_sum<BLOCK, false>(ss, red[1]) * inv_n + eps);
     if (threadIdx.x == 0 && mean != nullptr) {
       mean[row] = shift + mu;
@@ -195,34 +173,23 @@ __global__ void __launch_bounds__(BLOCK, 1)
     }
 
     T* __restrict__ yr = y + row * N;
-    for (int base = threadIdx.x * VEC; base < N; base += UNROLL * STEP) {
-      A v[UNROLL][VEC];
+    walk_vectors<T, VEC, BLOCK, UNROLL>(src, nv, threadIdx.x, [&](const i64 v, const P& pk) {
+      const int col = static_cast<int>(v) * VEC;
+      A o[VEC], p[VEC];
 #pragma unroll
-      for (int u = 0; u < UNROLL; ++u) {
-        const int col = base + u * STEP;
-        if (col < N) load_pack<A, T, VEC>(src + col, v[u]);
+      for (int k = 0; k < VEC; ++k) o[k] = (static_cast<A>(widen(pk.v[k])) - shift - mu) * r;
+      if (w != nullptr) {
+        load_pack<A, TW, VEC>(w + col, p);
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) o[k] *= p[k];
       }
+      if (b != nullptr) {
+        load_pack<A, TB, VEC>(b + col, p);
 #pragma unroll
-      for (int u = 0; u < UNROLL; ++u) {
-        const int col = base + u * STEP;
-        if (col < N) {
-          A p[VEC];
-#pragma unroll
-          for (int k = 0; k < VEC; ++k) v[u][k] = (v[u][k] - shift - mu) * r;
-          if (w != nullptr) {
-            load_pack<A, TW, VEC>(w + col, p);
-#pragma unroll
-            for (int k = 0; k < VEC; ++k) v[u][k] *= p[k];
-          }
-          if (b != nullptr) {
-            load_pack<A, TB, VEC>(b + col, p);
-#pragma unroll
-            for (int k = 0; k < VEC; ++k) v[u][k] += p[k];
-          }
-          store_pack<T, A, VEC>(yr + col, v[u]);
-        }
+        for (int k = 0; k < VEC; ++k) o[k] += p[k];
       }
-    }
+      store_pack<T, A, VEC>(yr + col, o);
+    });
   }
 }
 
