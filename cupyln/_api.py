@@ -206,7 +206,7 @@ def _backward_launch(device_id, n, x_dtype, w_dtype, db_dtype, vec):
     if plan.tier == "row":
         cols = _get(_compile.BWD_SOURCE, _launch.dwdb_cols_expr(x_dtype), device_id, 0)
         cols = Launcher(cols, _COLS_ARGS)
-    fmt = _BWD_REG_ARGS if plan.tier == "reg" else _BWD_ROW_ARGS
+    fmt = _BWD_ROW_ARGS if plan.tier == "row" else _BWD_REG_ARGS  # reg, ring: with partials
     cap = _capacity(k, plan.block, plan.smem, device_id)
     return Launcher(k, fmt), plan, cap, Launcher(red, _REDUCE_ARGS), cols
 
@@ -325,15 +325,15 @@ def launch_backward(dev, m, n, dy_ptr, dy_stride, x_ptr, x_stride, x_dtype, w_pt
     vec = _vector_width(x_dtype.itemsize, n, (x_stride, dy_stride), (x_ptr | dy_ptr | dx_ptr) & 15)
     k, plan, cap, red, cols = _backward_launch(dev, n, x_dtype, w_dtype, db_dtype, vec)
     stream = _current_stream() if stream is None else stream
-    if plan.tier == "reg":
-        g = _launch.grid_size(m, plan.rows, cap)
-    else:
+    if plan.tier == "row":
         g, per = _launch.dwdb_slices(m, n, _device(dev).sm_count)
+    else:  # one partial row per block
+        g = _launch.grid_size(m, plan.rows, cap)
     part, owner = workspace(2 * g * n * esz)
     dw_part = part if w_ptr else 0
     db_part = part + g * n * esz
-    if plan.tier == "reg":
-        k(g, plan.block, 0, stream, dy_ptr, dy_stride, x_ptr, x_stride, w_ptr, mean_ptr,
+    if plan.tier != "row":
+        k(g, plan.block, plan.smem, stream, dy_ptr, dy_stride, x_ptr, x_stride, w_ptr, mean_ptr,
           rstd_ptr, dx_ptr, dw_part, db_part, m, n)  # fmt: skip
     else:
         k(_launch.grid_size(m, 1, cap), plan.block, plan.smem, stream, dy_ptr, dy_stride, x_ptr,

@@ -22,6 +22,8 @@ Thresholds and why (H200, bf16, M*N = 2**27; scripts/tune.py, data in docs/):
   measured 5-30% slower (fewer blocks leave SMs idle; more add dw/db partial rows);
 * forward rows of 24 KB and more that fit the shared memory take the ring tier (RING_* below):
   the jagged forward's staging rings, loads of the next rows overlapping a row's arithmetic;
+* backward rows past the register tier up to 16K elements take its ring tier (BWD_RING_BLOCK):
+  x and dy staged ahead with cp.async, the dw/db accumulators in registers;
 * other rows past the register tier go to one block per row, staged in shared memory when
   N * itemsize (x 2 for backward) fits the device's opt-in limit, re-read otherwise.
 """
@@ -59,6 +61,11 @@ RING_MIN_BYTES = 24 * 1024
 RING_SPLIT = 3
 RING_BLOCK_SPLIT = 256
 RING_BLOCK = 512
+# Backward ring tier (layer_norm_bwd.cu ln_bwd_ring): rows past the register tier whose x and
+# dy fit the shared memory, with the dw/db accumulators (2 * items * vec values of A per thread,
+# at most twice the register tier's budget) in registers: one block of BWD_RING_BLOCK threads
+# per SM, its whole shared memory a staging ring.
+BWD_RING_BLOCK = 512
 REDUCE_BLOCK = (32, 8)  # ln_partial_reduce and ln_bwd_dwdb_cols
 
 
@@ -154,7 +161,7 @@ def _ring_shape(nbytes: int, smem_limit: int):
 
 
 def backward_plan(n: int, x_dtype, w_dtype, vec: int, smem_limit: int) -> Plan:
-    """Kernel variant computing dx (and, in the register tier, the dw/db partials)."""
+    """Kernel variant computing dx (and, in the register and ring tiers, the dw/db partials)."""
     tx, tw = ctype(x_dtype), ctype(w_dtype)
     values = BWD_REG_VALUES * 4 // acc_dtype(x_dtype).itemsize
     shape = _reg_shape(n, vec, values)
@@ -163,6 +170,13 @@ def backward_plan(n: int, x_dtype, w_dtype, vec: int, smem_limit: int) -> Plan:
         expr = _compile.template("ln_bwd_reg", tx, tw, vec, items, tpr, block)
         return Plan(_compile.BWD_SOURCE, expr, "reg", vec, items, tpr, block, block // tpr, 0)
     row_bytes = 2 * _cdiv(n * x_dtype.itemsize, 16) * 16
+    usable = (smem_limit - STATIC_SMEM_MARGIN) // 16 * 16
+    items = _cdiv(_cdiv(n, vec), BWD_RING_BLOCK)
+    fits = items * vec <= 2 * values and items <= 2 * MAX_ITEMS  # 32 scalar slots spill
+    if vec * x_dtype.itemsize >= 4 and row_bytes <= usable and fits:
+        expr = _compile.template("ln_bwd_ring", tx, tw, vec, items, BWD_RING_BLOCK)
+        return Plan(_compile.BWD_SOURCE, expr, "ring", vec, items, BWD_RING_BLOCK,
+                    BWD_RING_BLOCK, 1, usable)  # fmt: skip
     stage = row_bytes <= smem_limit - STATIC_SMEM_MARGIN
     block = ROW_BLOCK
     expr = _compile.template("ln_bwd_row", tx, tw, vec, block, stage)

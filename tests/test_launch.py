@@ -4,7 +4,7 @@ and the helpers around it (vector width, grid, dw/db slices) keep their limits."
 import numpy as np
 import pytest
 
-from cupyln import _launch
+from cupyln import _compile, _launch
 from cupyln import reference as ref
 from cupyln._dtypes import TABLE
 
@@ -45,7 +45,12 @@ def test_every_width_gets_a_valid_plan(dtype, smem):
                 else:
                     assert plan.tpr == plan.block and plan.rows == 1
                     assert plan.smem <= smem - _launch.STATIC_SMEM_MARGIN
-                if plan.tier == "ring":  # one row fits the block's ring, one ring per block
+                if plan.tier == "ring" and plan.source == _compile.BWD_SOURCE:
+                    # x and dy of a row fit the ring; dw/db accumulators in registers
+                    assert 2 * n * dtype.itemsize <= plan.smem and plan.items * vec <= budget * 2
+                    assert plan.items * vec * plan.block >= n and plan.rows == 1  # the row fits
+                    assert plan.expr.startswith("cupyln::ln_bwd_ring<")
+                elif plan.tier == "ring":  # one row fits the block's ring, one ring per block
                     assert n * dtype.itemsize <= plan.smem and plan.smem % 16 == 0
                     assert n * dtype.itemsize + 15 >= _launch.RING_MIN_BYTES  # 16-byte rounding
                     assert vec * dtype.itemsize >= 4, plan  # cp.async copies 4, 8 or 16 bytes
@@ -72,6 +77,13 @@ def test_tiers_by_width():
             block,
             per_sm,
         ), (n, dt, p)
+    # backward: past the register tier (8192), x and dy staged in a ring with dw/db in registers
+    # up to 16384; wider rows one block per row (x and dy staged or re-read)
+    assert _launch.backward_plan(8192, bf16, bf16, 8, SMEM_H100).tier == "reg"
+    for n, dt, vec in ((12288, bf16, 8), (16384, bf16, 8), (16384, f32, 4)):
+        p = _launch.backward_plan(n, dt, dt, vec, SMEM_H100)
+        assert (p.tier, p.block, p.items * vec * p.block) == ("ring", 512, n), (n, dt, p)
+    assert _launch.backward_plan(32768, bf16, bf16, 8, SMEM_H100).tier == "row"
     # odd widths of 16-bit elements (2-byte accesses, which cp.async cannot copy) stay in the
     # row tier, staged in shared memory
     staged = _launch.forward_plan(65537, bf16, bf16, bf16, 1, SMEM_H100)

@@ -12,6 +12,7 @@
 // slot (zeros when it owned no row), rows are visited in a fixed order and all sums are in a
 // fixed order, so the same inputs give bitwise-identical dw/db. No atomics anywhere.
 #include "common.cuh"
+#include "ring.cuh"
 
 namespace cupyln {
 
@@ -149,6 +150,114 @@ __global__ void __launch_bounds__(BLOCK, 1)
         out[c] = t;
       }
       __syncthreads();
+    }
+  }
+}
+
+// Tier "ring": fused dx + dw/db for rows too wide to keep x and dy in registers.
+//   One block per SM walks the contiguous rows [q*M/G, (q+1)*M/G) (q = blockIdx.x of G). Each
+//   row's x and dy are copied into the block's staging ring (ring.cuh; the dynamic shared
+//   memory) with cp.async up to RING_DEPTH copy groups ahead, so the loads of the next rows
+//   overlap this row's two passes: pass 1 forms the row sums and adds dy * xhat and dy to the
+//   thread's dw/db accumulators, which stay in registers across the block's rows (thread t
+//   always owns the column packs t, t + BLOCK, ..., ITEMS of them); pass 2 writes dx. The block
+//   writes row blockIdx.x of dw_part / db_part at the end, as the register tier does.
+// Limits: N <= BLOCK * ITEMS * VEC; the ring must hold one row of x and one of dy.
+template <typename T, typename TW, int VEC, int ITEMS, int BLOCK>
+__global__ void __launch_bounds__(BLOCK, 1)
+    ln_bwd_ring(const T* __restrict__ dy, const i64 dy_stride, const T* __restrict__ x,
+                const i64 x_stride, const TW* __restrict__ w,
+                const typename AccOf<T>::type* __restrict__ mean,
+                const typename AccOf<T>::type* __restrict__ rstd, T* __restrict__ dx,
+                typename AccOf<T>::type* __restrict__ dw_part,
+                typename AccOf<T>::type* __restrict__ db_part, const i64 M, const int N) {
+  typedef typename AccOf<T>::type A;
+  typedef Pack<T, VEC> P;
+  static_assert(BLOCK % 32 == 0 && BLOCK <= 1024, "bad block");
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  __shared__ A red[2 * (BLOCK / 32)];
+  unsigned smem_bytes;
+  asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(smem_bytes));
+  Ring<P, BLOCK> r{reinterpret_cast<P*>(smem_raw), static_cast<int>(smem_bytes / sizeof(P))};
+  const int t = threadIdx.x;
+  const int nv = N / VEC;  // packs per row
+  const A inv_n = A(1) / A(N);
+  const i64 row_begin = static_cast<i64>(blockIdx.x) * M / gridDim.x;
+  const i64 row_end = static_cast<i64>(blockIdx.x + 1) * M / gridDim.x;
+
+  A dw_acc[ITEMS][VEC], db_acc[ITEMS][VEC];
+#pragma unroll
+  for (int i = 0; i < ITEMS; ++i) {
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) dw_acc[i][k] = db_acc[i][k] = 0;
+  }
+
+  i64 next = row_begin;  // the next row to stage
+  for (i64 row = row_begin; row < row_end; ++row) {
+    // stage rows ahead (x, then dy: two copy groups each) as far as the ring holds them
+    for (; next < row_end && r.ahead <= RING_DEPTH - 1 && r.used + 2 * nv <= r.size; ++next) {
+      r.stage(reinterpret_cast<const P*>(x + next * x_stride), nv, t);
+      r.stage(reinterpret_cast<const P*>(dy + next * dy_stride), nv, t);
+    }
+    r.wait_oldest();  // this row's x
+    r.wait_oldest();  // and dy
+    const A mu = mean[row], rs = rstd[row];
+
+    A s1 = 0, s2 = 0;  // sum(xhat * g), sum(g)
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+      const int v = t + i * BLOCK;
+      if (v < nv) {
+        const P px = r.slot[r.wrap(r.head + v)];
+        const P pg = r.slot[r.wrap(r.head + nv + v)];
+        A p[VEC];
+        if (w != nullptr) load_pack<A, TW, VEC>(w + v * VEC, p);
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) {
+          const A xhat = (static_cast<A>(widen(px.v[k])) - mu) * rs;
+          const A gk = static_cast<A>(widen(pg.v[k]));
+          dw_acc[i][k] += gk * xhat;
+          db_acc[i][k] += gk;
+          const A g = w != nullptr ? gk * p[k] : gk;
+          s1 += xhat * g;
+          s2 += g;
+        }
+      }
+    }
+    group_sum2<BLOCK>(s1, s2, red);
+    const A c1 = s1 * inv_n, c2 = s2 * inv_n;
+
+    T* __restrict__ dxr = dx + row * N;
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+      const int v = t + i * BLOCK;
+      if (v < nv) {
+        const P px = r.slot[r.wrap(r.head + v)];
+        const P pg = r.slot[r.wrap(r.head + nv + v)];
+        A p[VEC], o[VEC];
+        if (w != nullptr) load_pack<A, TW, VEC>(w + v * VEC, p);
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) {
+          const A xhat = (static_cast<A>(widen(px.v[k])) - mu) * rs;
+          const A gk = static_cast<A>(widen(pg.v[k]));
+          const A g = w != nullptr ? gk * p[k] : gk;
+          o[k] = (g - (xhat * c1 + c2)) * rs;
+        }
+        store_pack<T, A, VEC>(dxr + v * VEC, o);
+      }
+    }
+    r.release(2 * nv);
+    __syncthreads();  // every thread is done with the row's slots before they are reused
+  }
+
+  // ---- this block's dw/db partial row (zeros when it owned no row)
+  const i64 slot = static_cast<i64>(blockIdx.x) * N;
+#pragma unroll
+  for (int i = 0; i < ITEMS; ++i) {
+    const int v = t + i * BLOCK;
+    if (v < nv) {
+      if (dw_part != nullptr) store_pack<A, A, VEC>(dw_part + slot + v * VEC, dw_acc[i]);
+      store_pack<A, A, VEC>(db_part + slot + v * VEC, db_acc[i]);
     }
   }
 }
