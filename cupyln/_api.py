@@ -21,7 +21,7 @@ from typing import NamedTuple
 import numpy
 
 from . import _compile, _launch
-from ._driver import Launcher
+from ._driver import Launcher, max_active_clusters
 from ._driver import _driver as _driver_api
 from ._dtypes import SUPPORTED_NAMES, TABLE, acc_dtype
 
@@ -148,20 +148,27 @@ def _aligned_vector(a):
 class _Device(NamedTuple):
     sm_count: int
     smem_optin: int
+    max_cluster: int  # blocks per thread-block cluster the kernels may use (1: no clusters)
 
 
 @cache
 def _device(device_id: int) -> _Device:
-    attrs = _cupy().cuda.Device(device_id).attributes
-    return _Device(attrs["MultiProcessorCount"], attrs["MaxSharedMemoryPerBlockOptin"])
+    d = _cupy().cuda.Device(device_id)
+    attrs = d.attributes
+    clusters = _launch.MAX_CLUSTER if int(d.compute_capability) >= 90 else 1
+    return _Device(attrs["MultiProcessorCount"], attrs["MaxSharedMemoryPerBlockOptin"], clusters)
 
 
-def _capacity(kernel, block: int, smem: int, device_id: int) -> int:
-    """Resident blocks of ``kernel`` on the whole device (the persistent grid's size)."""
+def _capacity(kernel, block: int, smem: int, device_id: int, cluster: int = 1) -> int:
+    """Resident blocks of ``kernel`` on the whole device (the persistent grid's size); for a
+    kernel of thread-block clusters, resident clusters."""
     from cupy_backends.cuda.api import driver
 
+    sms = _device(device_id).sm_count
+    if cluster > 1:
+        return max_active_clusters(kernel, cluster, block, smem) or max(1, sms // cluster)
     per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(kernel.kernel.ptr, block, smem)
-    return max(1, per_sm) * _device(device_id).sm_count
+    return max(1, per_sm) * sms
 
 
 def _get(plan_source: str, expr: str, device_id: int, smem: int):
@@ -199,15 +206,16 @@ def _forward_launch(device_id, n, x_dtype, w_dtype, b_dtype, vec):
 def _backward_launch(device_id, n, x_dtype, w_dtype, db_dtype, vec):
     """(launcher, plan, resident blocks, partial-reduce launcher, dw/db column launcher or
     None) of the backward for this problem on this device."""
-    plan = _launch.backward_plan(n, x_dtype, w_dtype, vec, _device(device_id).smem_optin)
+    dev = _device(device_id)
+    plan = _launch.backward_plan(n, x_dtype, w_dtype, vec, dev.smem_optin, dev.max_cluster)
     k = _get(plan.source, plan.expr, device_id, plan.smem)
     red = _get(_compile.BWD_SOURCE, _launch.reduce_expr(x_dtype, w_dtype, db_dtype), device_id, 0)
     cols = None
     if plan.tier == "row":
         cols = _get(_compile.BWD_SOURCE, _launch.dwdb_cols_expr(x_dtype), device_id, 0)
         cols = Launcher(cols, _COLS_ARGS)
-    fmt = _BWD_ROW_ARGS if plan.tier == "row" else _BWD_REG_ARGS  # reg, ring: with partials
-    cap = _capacity(k, plan.block, plan.smem, device_id)
+    fmt = _BWD_ROW_ARGS if plan.tier == "row" else _BWD_REG_ARGS  # with partials
+    cap = _capacity(k, plan.block, plan.smem, device_id, plan.cluster)
     return Launcher(k, fmt), plan, cap, Launcher(red, _REDUCE_ARGS), cols
 
 
@@ -290,6 +298,7 @@ def describe(x, w=None, b=None) -> dict:
             out[name] = (
                 f"{plan.tier} vec={plan.vec} items={plan.items} tpr={plan.tpr} "
                 f"block={plan.block} smem={plan.smem} regs={k.kernel.num_regs} resident={cap}"
+                + (f" cluster={plan.cluster}" if plan.cluster > 1 else "")
             )
     return out
 
@@ -327,14 +336,14 @@ def launch_backward(dev, m, n, dy_ptr, dy_stride, x_ptr, x_stride, x_dtype, w_pt
     stream = _current_stream() if stream is None else stream
     if plan.tier == "row":
         g, per = _launch.dwdb_slices(m, n, _device(dev).sm_count)
-    else:  # one partial row per block
+    else:  # one partial row per block (per cluster of blocks)
         g = _launch.grid_size(m, plan.rows, cap)
     part, owner = workspace(2 * g * n * esz)
     dw_part = part if w_ptr else 0
     db_part = part + g * n * esz
     if plan.tier != "row":
-        k(g, plan.block, plan.smem, stream, dy_ptr, dy_stride, x_ptr, x_stride, w_ptr, mean_ptr,
-          rstd_ptr, dx_ptr, dw_part, db_part, m, n)  # fmt: skip
+        k(g * plan.cluster, plan.block, plan.smem, stream, dy_ptr, dy_stride, x_ptr, x_stride,
+          w_ptr, mean_ptr, rstd_ptr, dx_ptr, dw_part, db_part, m, n)  # fmt: skip
     else:
         k(_launch.grid_size(m, 1, cap), plan.block, plan.smem, stream, dy_ptr, dy_stride, x_ptr,
           x_stride, w_ptr, mean_ptr, rstd_ptr, dx_ptr, m, n)  # fmt: skip

@@ -71,3 +71,32 @@ class Launcher:
         gx, gy = (grid, 1) if isinstance(grid, int) else grid
         bx, by = (block, 1) if isinstance(block, int) else block
         _driver().launchKernel(self._func, gx, gy, 1, bx, by, 1, smem, stream, buf.params[1], 0)
+
+
+class _LaunchConfig(ctypes.Structure):
+    """CUlaunchConfig of the driver API (cuda.h)."""
+
+    _fields_ = [
+        ("grid", ctypes.c_uint * 3),
+        ("block", ctypes.c_uint * 3),
+        ("smem", ctypes.c_uint),
+        ("stream", ctypes.c_void_p),
+        ("attrs", ctypes.c_void_p),
+        ("num_attrs", ctypes.c_uint),
+    ]
+
+
+def max_active_clusters(kernel, cluster: int, block: int, smem: int):
+    """Clusters of ``kernel`` (compiled with ``__cluster_dims__(cluster, 1, 1)``) that the
+    device holds at once, from ``cuOccupancyMaxActiveClusters`` (not bound by CuPy: called
+    through ctypes). Clusters must fit one GPC, so this can be less than SMs / cluster. None
+    where the driver library or the call is unavailable."""
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+        fn = lib.cuOccupancyMaxActiveClusters
+    except (OSError, AttributeError):
+        return None
+    config = _LaunchConfig((cluster, 1, 1), (block, 1, 1), smem, None, None, 0)
+    count = ctypes.c_int(0)
+    err = fn(ctypes.byref(count), ctypes.c_void_p(kernel.kernel.ptr), ctypes.byref(config))
+    return count.value if err == 0 and count.value > 0 else None

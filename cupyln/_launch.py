@@ -64,8 +64,15 @@ RING_BLOCK = 512
 # Backward ring tier (layer_norm_bwd.cu ln_bwd_ring): rows past the register tier whose x and
 # dy fit the shared memory, with the dw/db accumulators (2 * items * vec values of A per thread,
 # at most twice the register tier's budget) in registers: one block of BWD_RING_BLOCK threads
-# per SM, its whole shared memory a staging ring.
+# per SM, its whole shared memory a staging ring. Wider rows (sm_90+) split each row's columns
+# over a thread-block cluster of 2, 4 or 8 such blocks (ln_bwd_cluster, tier "cluster"): the
+# smallest cluster whose blocks' slices fit their registers and rings (scripts/tune_cluster.py,
+# H200, M*N = 2**27: the smallest beat every larger one measured, e.g. bf16 N=32768 2102 GB/s
+# at 2 against 1745 at 4 and 1304 at 8, against 1245 for the row tier). Where a ring holds two
+# rows of slices, the next row's pass 1 overlaps the cluster's exchange (lag 1): bf16 N=65536
+# 1961 against 1884, fp32 N=65536 (8 blocks) 2708 against 2441.
 BWD_RING_BLOCK = 512
+MAX_CLUSTER = 8  # the portable cluster size limit
 REDUCE_BLOCK = (32, 8)  # ln_partial_reduce and ln_bwd_dwdb_cols
 
 
@@ -82,6 +89,7 @@ class Plan:
     block: int
     rows: int
     smem: int
+    cluster: int = 1  # blocks per thread-block cluster, each with a slice of the row
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -129,7 +137,7 @@ def forward_plan(n: int, x_dtype, w_dtype, b_dtype, vec: int, smem_limit: int) -
     tx, tw, tb = ctype(x_dtype), ctype(w_dtype), ctype(b_dtype)
     row_bytes = _cdiv(n * x_dtype.itemsize, 16) * 16
     ring = None
-    if row_bytes >= RING_MIN_BYTES and vec * x_dtype.itemsize >= 4:  # cp.async of 4+ bytes
+    if row_bytes >= RING_MIN_BYTES and _async_copyable(vec, x_dtype.itemsize):
         ring = _ring_shape(row_bytes, smem_limit)
     if ring is not None:
         block, smem = ring
@@ -149,19 +157,59 @@ def forward_plan(n: int, x_dtype, w_dtype, b_dtype, vec: int, smem_limit: int) -
     return Plan(_compile.FWD_SOURCE, expr, "row", vec, 0, block, block, 1, smem)
 
 
+def _share(smem_limit: int, blocks: int = 1) -> int:
+    """Dynamic shared bytes of each of ``blocks`` blocks sharing an SM (16-byte multiple)."""
+    return (smem_limit // blocks - STATIC_SMEM_MARGIN) // 16 * 16
+
+
+def _async_copyable(vec: int, itemsize: int) -> bool:
+    """cp.async copies packs of 4, 8 or 16 bytes (ring.cuh)."""
+    return vec * itemsize >= 4
+
+
 def _ring_shape(nbytes: int, smem_limit: int):
     """(threads, dynamic shared bytes) of a ring-tier block whose one ring holds ``nbytes``:
     the most blocks per SM (up to RING_SPLIT) whose shares of the shared memory hold it; None
     when not even one block's does."""
     for k in range(RING_SPLIT, 0, -1):
-        share = (smem_limit // k - STATIC_SMEM_MARGIN) // 16 * 16
+        share = _share(smem_limit, k)
         if nbytes <= share:
             return (RING_BLOCK_SPLIT if k == RING_SPLIT else RING_BLOCK), share
     return None
 
 
-def backward_plan(n: int, x_dtype, w_dtype, vec: int, smem_limit: int) -> Plan:
-    """Kernel variant computing dx (and, in the register and ring tiers, the dw/db partials)."""
+def _bwd_slice_rows(n: int, vec: int, itemsize: int, values: int, share: int, cluster: int):
+    """(items, rows) of a backward ring block whose cluster of ``cluster`` blocks shares each
+    row: ITEMS, and how many rows of x and dy slices its ring of ``share`` bytes holds; None
+    when the slice's dw/db accumulators do not fit the registers or one row does not fit."""
+    packs = _cdiv(_cdiv(n, vec), cluster)  # of one block's slice
+    items = _cdiv(packs, BWD_RING_BLOCK)
+    regs = items * vec <= 2 * values and items <= 2 * MAX_ITEMS  # 32 scalar slots spill
+    rows = share // (2 * _cdiv(packs * vec * itemsize, 16) * 16)
+    return (items, rows) if regs and rows >= 1 else None
+
+
+def _bwd_ring_shape(n: int, vec: int, itemsize: int, values: int, share: int, max_cluster: int):
+    """(cluster, items, lag) of the backward's ring tier (cluster 1) or cluster tier: the
+    smallest cluster (up to ``max_cluster``) whose blocks fit their slices; lag 1 (the next
+    row's pass 1 overlaps the cluster's exchange) where the ring holds two rows of slices. None
+    when no cluster fits or cp.async cannot copy the packs."""
+    if not _async_copyable(vec, itemsize):
+        return None
+    cluster = 1
+    while cluster <= max_cluster:
+        got = _bwd_slice_rows(n, vec, itemsize, values, share, cluster)
+        if got is not None:
+            items, rows = got
+            return cluster, items, int(cluster > 1 and rows >= 2)
+        cluster *= 2
+    return None
+
+
+def backward_plan(n: int, x_dtype, w_dtype, vec: int, smem_limit: int,
+                  max_cluster: int = 1) -> Plan:  # fmt: skip
+    """Kernel variant computing dx (and, in the register, ring and cluster tiers, the dw/db
+    partials); ``max_cluster``: the largest thread-block cluster the device runs (1: none)."""
     tx, tw = ctype(x_dtype), ctype(w_dtype)
     values = BWD_REG_VALUES * 4 // acc_dtype(x_dtype).itemsize
     shape = _reg_shape(n, vec, values)
@@ -169,14 +217,19 @@ def backward_plan(n: int, x_dtype, w_dtype, vec: int, smem_limit: int) -> Plan:
         tpr, items, block = shape
         expr = _compile.template("ln_bwd_reg", tx, tw, vec, items, tpr, block)
         return Plan(_compile.BWD_SOURCE, expr, "reg", vec, items, tpr, block, block // tpr, 0)
+    ring = _bwd_ring_shape(n, vec, x_dtype.itemsize, values, _share(smem_limit), max_cluster)
+    if ring is not None:
+        cluster, items, lag = ring
+        b = BWD_RING_BLOCK
+        if cluster == 1:
+            expr = _compile.template("ln_bwd_ring", tx, tw, vec, items, b)
+        else:
+            expr = _compile.template("ln_bwd_cluster", tx, tw, vec, items, b, cluster, lag)
+        tier = "ring" if cluster == 1 else "cluster"
+        return Plan(
+            _compile.BWD_SOURCE, expr, tier, vec, items, b, b, 1, _share(smem_limit), cluster
+        )
     row_bytes = 2 * _cdiv(n * x_dtype.itemsize, 16) * 16
-    usable = (smem_limit - STATIC_SMEM_MARGIN) // 16 * 16
-    items = _cdiv(_cdiv(n, vec), BWD_RING_BLOCK)
-    fits = items * vec <= 2 * values and items <= 2 * MAX_ITEMS  # 32 scalar slots spill
-    if vec * x_dtype.itemsize >= 4 and row_bytes <= usable and fits:
-        expr = _compile.template("ln_bwd_ring", tx, tw, vec, items, BWD_RING_BLOCK)
-        return Plan(_compile.BWD_SOURCE, expr, "ring", vec, items, BWD_RING_BLOCK,
-                    BWD_RING_BLOCK, 1, usable)  # fmt: skip
     stage = row_bytes <= smem_limit - STATIC_SMEM_MARGIN
     block = ROW_BLOCK
     expr = _compile.template("ln_bwd_row", tx, tw, vec, block, stage)
@@ -269,8 +322,7 @@ def jagged_plan(d: int, x_dtype, vec: int, smem_limit: int, max_seqlen, backward
         if warps:
             block, group, share = 32 * warps[0], 32, usable
         else:
-            shares = [(smem_limit // k - STATIC_SMEM_MARGIN) // 16 * 16
-                      for k in range(JAG_RING_SPLIT, 0, -1)]  # fmt: skip
+            shares = [_share(smem_limit, k) for k in range(JAG_RING_SPLIT, 0, -1)]
             share = next(m for m in shares if not hint or hint * item <= m or m == shares[-1])
             block = group = JAG_RING_BLOCK_ALONE if share == shares[-1] else JAG_RING_BLOCK
         groups = block // group

@@ -8,7 +8,7 @@ import pytest
 from cupyln import _compile, _launch
 from cupyln._dtypes import TABLE
 
-from .test_launch import NS, SMEM_A100, SMEM_H100, _vecs
+from .test_launch import CLUSTERS, NS, SMEM_A100, SMEM_H100, _vecs
 
 DTYPES = list(TABLE)
 ARCHS = (80, 90)
@@ -23,7 +23,8 @@ _REPORT = re.compile(
 def variants(x_dtype):
     """{source: sorted expressions} over every width, vector width and shared-memory limit,
     plus every w/b dtype pairing for one register-tier, one row-tier and one ring-tier shape
-    (the ring tier's kernel is in the jagged source)."""
+    (the ring tier's kernel is in the jagged source) and a backward register and cluster tier.
+    The cluster kernels build for sm_80 without their cluster attribute (they never run there)."""
     out = {_compile.FWD_SOURCE: set(), _compile.BWD_SOURCE: set(), _compile.JAG_SOURCE: set()}
     for smem in (SMEM_H100, SMEM_A100):
         for vec in _vecs(x_dtype):
@@ -31,7 +32,7 @@ def variants(x_dtype):
                 if n % vec == 0:
                     for p in (
                         _launch.forward_plan(n, x_dtype, x_dtype, x_dtype, vec, smem),
-                        _launch.backward_plan(n, x_dtype, x_dtype, vec, smem),
+                        _launch.backward_plan(n, x_dtype, x_dtype, vec, smem, CLUSTERS[smem]),
                     ):
                         out[p.source].add(p.expr)
     for tw in DTYPES:
@@ -40,7 +41,9 @@ def variants(x_dtype):
                 p = _launch.forward_plan(n, x_dtype, tw, tb, vec, SMEM_H100)  # reg, row, ring
                 out[p.source].add(p.expr)
             out[_compile.BWD_SOURCE].add(_launch.reduce_expr(x_dtype, tw, tb))
-        out[_compile.BWD_SOURCE].add(_launch.backward_plan(4096, x_dtype, tw, 1, SMEM_H100).expr)
+        for n, vec in ((4096, 1), (32768, 16 // x_dtype.itemsize)):  # reg, cluster
+            p = _launch.backward_plan(n, x_dtype, tw, vec, SMEM_H100, _launch.MAX_CLUSTER)
+            out[_compile.BWD_SOURCE].add(p.expr)
     out[_compile.BWD_SOURCE].add(_launch.dwdb_cols_expr(x_dtype))
     return {k: sorted(v) for k, v in out.items()}
 

@@ -10,6 +10,7 @@ from cupyln._dtypes import TABLE
 
 SMEM_H100 = 232448  # sm_90 opt-in shared memory per block
 SMEM_A100 = 166912  # sm_80
+CLUSTERS = {SMEM_H100: _launch.MAX_CLUSTER, SMEM_A100: 1}  # sm_80 has no thread-block clusters
 DTYPES = list(TABLE)
 
 # Every vector count of the register tiers, then rows that need the shared-memory and re-read
@@ -31,7 +32,7 @@ def test_every_width_gets_a_valid_plan(dtype, smem):
                 continue
             for plan, budget in (
                 (_launch.forward_plan(n, dtype, dtype, dtype, vec, smem), 32),
-                (_launch.backward_plan(n, dtype, dtype, vec, smem), 16),
+                (_launch.backward_plan(n, dtype, dtype, vec, smem, CLUSTERS[smem]), 16),
             ):
                 assert plan.vec == vec
                 assert plan.block % 32 == 0 and 32 <= plan.block <= 1024
@@ -45,16 +46,28 @@ def test_every_width_gets_a_valid_plan(dtype, smem):
                 else:
                     assert plan.tpr == plan.block and plan.rows == 1
                     assert plan.smem <= smem - _launch.STATIC_SMEM_MARGIN
-                if plan.tier == "ring" and plan.source == _compile.BWD_SOURCE:
-                    # x and dy of a row fit the ring; dw/db accumulators in registers
-                    assert 2 * n * dtype.itemsize <= plan.smem and plan.items * vec <= budget * 2
-                    assert plan.items * vec * plan.block >= n and plan.rows == 1  # the row fits
-                    assert plan.expr.startswith("cupyln::ln_bwd_ring<")
+                if plan.tier in ("ring", "cluster") and plan.source == _compile.BWD_SOURCE:
+                    # each block's slices of x and dy fit its ring; dw/db accumulators in
+                    # registers; the cluster's slices cover the row; lag 1 where two rows fit
+                    c = plan.cluster
+                    assert (c == 1) == (plan.tier == "ring") and c <= CLUSTERS[smem], plan
+                    slice_bytes = 2 * -(-(n // vec) // c) * vec * dtype.itemsize  # x and dy
+                    assert slice_bytes <= plan.smem, (n, plan)
+                    if c > 1:
+                        lag = int(2 * slice_bytes <= plan.smem)
+                        assert plan.expr.endswith(f", {plan.block}, {c}, {lag}>"), plan
+                    assert plan.items * vec <= budget * 2 and plan.rows == 1
+                    assert plan.items * vec * plan.block * c >= n  # the row fits
+                    assert vec * dtype.itemsize >= 4, plan  # cp.async copies 4, 8 or 16 bytes
+                    kernel = "ln_bwd_ring" if c == 1 else "ln_bwd_cluster"
+                    assert plan.expr.startswith(f"cupyln::{kernel}<")
                 elif plan.tier == "ring":  # one row fits the block's ring, one ring per block
                     assert n * dtype.itemsize <= plan.smem and plan.smem % 16 == 0
                     assert n * dtype.itemsize + 15 >= _launch.RING_MIN_BYTES  # 16-byte rounding
                     assert vec * dtype.itemsize >= 4, plan  # cp.async copies 4, 8 or 16 bytes
                     assert plan.expr.startswith("cupyln::ln_fwd_ring<")
+                if plan.tier != "cluster":
+                    assert plan.cluster == 1
 
 
 def test_tiers_by_width():
@@ -78,12 +91,23 @@ def test_tiers_by_width():
             per_sm,
         ), (n, dt, p)
     # backward: past the register tier (8192), x and dy staged in a ring with dw/db in registers
-    # up to 16384; wider rows one block per row (x and dy staged or re-read)
-    assert _launch.backward_plan(8192, bf16, bf16, 8, SMEM_H100).tier == "reg"
+    # up to 16384; wider rows split over a cluster of such blocks (sm_90), else one block per
+    # row (x and dy staged or re-read)
+    h100 = _launch.MAX_CLUSTER
+    assert _launch.backward_plan(8192, bf16, bf16, 8, SMEM_H100, h100).tier == "reg"
     for n, dt, vec in ((12288, bf16, 8), (16384, bf16, 8), (16384, f32, 4)):
-        p = _launch.backward_plan(n, dt, dt, vec, SMEM_H100)
+        p = _launch.backward_plan(n, dt, dt, vec, SMEM_H100, h100)
         assert (p.tier, p.block, p.items * vec * p.block) == ("ring", 512, n), (n, dt, p)
-    assert _launch.backward_plan(32768, bf16, bf16, 8, SMEM_H100).tier == "row"
+    for n, dt, vec, cluster in (
+        (32768, bf16, 8, 2),
+        (65536, bf16, 8, 4),
+        (32768, f32, 4, 2),
+        (131072, bf16, 8, 8),
+    ):
+        p = _launch.backward_plan(n, dt, dt, vec, SMEM_H100, h100)
+        assert (p.tier, p.cluster, p.items * vec * p.block * cluster) == ("cluster", cluster, n)
+    assert _launch.backward_plan(32768, bf16, bf16, 8, SMEM_H100).tier == "row"  # no clusters
+    assert _launch.backward_plan(262144, bf16, bf16, 8, SMEM_H100, h100).tier == "row"
     # odd widths of 16-bit elements (2-byte accesses, which cp.async cannot copy) stay in the
     # row tier, staged in shared memory
     staged = _launch.forward_plan(65537, bf16, bf16, bf16, 1, SMEM_H100)

@@ -236,6 +236,15 @@ def test_nan_in_dy_stays_in_its_row_and_column(n):
     ref.assert_close(db[cols], dbr[cols], "db of the other columns", atol_scale=3)
 
 
+# Widths of the backward's cluster tier (sm_90) whose blocks get unequal slices of the row:
+# 32776 bf16 (4097 packs over 4 blocks), 16385 float32 (scalar packs over 4), 98304 bf16 (8
+# blocks); rows fewer than clusters (1, 37) leave clusters without rows.
+@pytest.mark.parametrize("m", [1, 37, 700])
+@pytest.mark.parametrize("n,dtype", [(32776, "bfloat16"), (16385, "float32"), (98304, "bfloat16")])
+def test_backward_row_slices(m, n, dtype):
+    run_and_check(*inputs((m, n), dtype, "float32", dtype))
+
+
 @pytest.mark.parametrize("m,n", [(70000, 64), (5000, 1024), (333, 8192), (100, 65536)])
 def test_dw_db_are_deterministic(m, n):
     x, w, b, dy = inputs((m, n), "bfloat16", "float32", "float32")

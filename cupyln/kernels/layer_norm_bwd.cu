@@ -13,6 +13,7 @@
 // fixed order, so the same inputs give bitwise-identical dw/db. No atomics anywhere.
 #include "common.cuh"
 #include "ring.cuh"
+#include "cluster.cuh"
 
 namespace cupyln {
 
@@ -155,35 +156,52 @@ __global__ void __launch_bounds__(BLOCK, 1)
 }
 
 // Tier "ring": fused dx + dw/db for rows too wide to keep x and dy in registers.
-//   One block per SM walks the contiguous rows [q*M/G, (q+1)*M/G) (q = blockIdx.x of G). Each
-//   row's x and dy are copied into the block's staging ring (ring.cuh; the dynamic shared
-//   memory) with cp.async up to RING_DEPTH copy groups ahead, so the loads of the next rows
-//   overlap this row's two passes: pass 1 forms the row sums and adds dy * xhat and dy to the
-//   thread's dw/db accumulators, which stay in registers across the block's rows (thread t
-//   always owns the column packs t, t + BLOCK, ..., ITEMS of them); pass 2 writes dx. The block
-//   writes row blockIdx.x of dw_part / db_part at the end, as the register tier does.
-// Limits: N <= BLOCK * ITEMS * VEC; the ring must hold one row of x and one of dy.
-template <typename T, typename TW, int VEC, int ITEMS, int BLOCK>
-__global__ void __launch_bounds__(BLOCK, 1)
-    ln_bwd_ring(const T* __restrict__ dy, const i64 dy_stride, const T* __restrict__ x,
-                const i64 x_stride, const TW* __restrict__ w,
-                const typename AccOf<T>::type* __restrict__ mean,
-                const typename AccOf<T>::type* __restrict__ rstd, T* __restrict__ dx,
-                typename AccOf<T>::type* __restrict__ dw_part,
-                typename AccOf<T>::type* __restrict__ db_part, const i64 M, const int N) {
+//   One block per SM walks the contiguous rows [q*M/Q, (q+1)*M/Q) (q of Q). Each row's x and dy
+//   are copied into the block's staging ring (ring.cuh; the dynamic shared memory) with cp.async
+//   up to RING_DEPTH copy groups ahead, so the loads of the next rows overlap this row's two
+//   passes: pass 1 forms the row sums and adds dy * xhat and dy to the thread's dw/db
+//   accumulators, which stay in registers across the block's rows (thread t always owns the
+//   column packs t, t + BLOCK, ..., ITEMS of them); pass 2 writes dx. The block writes row q of
+//   dw_part / db_part at the end, as the register tier does.
+//   ln_bwd_ring: q = blockIdx.x, the whole row in each block.
+//   ln_bwd_cluster (sm_90+): clusters of C blocks, q = the cluster's index; block k of a cluster
+//   takes the packs [k*P/C, (k+1)*P/C) of each row (P = N / VEC), so the dw/db accumulators of
+//   rows too wide for one SM's registers are spread over C SMs. The row sums are combined
+//   across the cluster through distributed shared memory (cluster.cuh ClusterSum2). With
+//   LAG = 1 the next row's pass 1 runs while the blocks wait for each other: pass 2 of a row
+//   follows pass 1 of the next one, and the ring holds two rows' slices at once.
+// Limits: ceil(N / VEC / C) <= BLOCK * ITEMS; the ring holds the x and dy slices of 1 + LAG
+//   rows.
+template <typename T, typename TW, int VEC, int ITEMS, int BLOCK, int C, int LAG>
+__device__ __forceinline__ void bwd_ring_rows(
+    const T* __restrict__ dy, const i64 dy_stride, const T* __restrict__ x, const i64 x_stride,
+    const TW* __restrict__ w, const typename AccOf<T>::type* __restrict__ mean,
+    const typename AccOf<T>::type* __restrict__ rstd, T* __restrict__ dx,
+    typename AccOf<T>::type* __restrict__ dw_part, typename AccOf<T>::type* __restrict__ db_part,
+    const i64 M, const int N) {
   typedef typename AccOf<T>::type A;
   typedef Pack<T, VEC> P;
-  static_assert(BLOCK % 32 == 0 && BLOCK <= 1024, "bad block");
+  static_assert(BLOCK % 32 == 0 && BLOCK <= 1024 && C <= 32, "bad block");
+  static_assert(LAG == 0 || (LAG == 1 && C > 1), "LAG: rows between a row's passes 1 and 2");
   extern __shared__ __align__(16) unsigned char smem_raw[];
   __shared__ A red[2 * (BLOCK / 32)];
+  __shared__ A xch[4 * C];
   unsigned smem_bytes;
   asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(smem_bytes));
   Ring<P, BLOCK> r{reinterpret_cast<P*>(smem_raw), static_cast<int>(smem_bytes / sizeof(P))};
+  ClusterSum2<C, A> exchange{xch};
   const int t = threadIdx.x;
-  const int nv = N / VEC;  // packs per row
+  const unsigned q = C > 1 ? cluster_index() : blockIdx.x;
+  const unsigned nq = C > 1 ? cluster_count() : gridDim.x;
+  const unsigned rank = C > 1 ? cluster_rank() : 0;
+  const int packs = N / VEC;  // per row
+  const int lo = static_cast<int>(static_cast<i64>(rank) * packs / C);
+  const int nv = static_cast<int>(static_cast<i64>(rank + 1) * packs / C) - lo;  // this slice
   const A inv_n = A(1) / A(N);
-  const i64 row_begin = static_cast<i64>(blockIdx.x) * M / gridDim.x;
-  const i64 row_end = static_cast<i64>(blockIdx.x + 1) * M / gridDim.x;
+  const i64 row_begin = static_cast<i64>(q) * M / nq;
+  const i64 row_end = static_cast<i64>(q + 1) * M / nq;
+  const TW* __restrict__ ws = w != nullptr ? w + lo * VEC : nullptr;
+  if constexpr (C > 1) cluster_sync();  // every block of the cluster runs before DSMEM is used
 
   A dw_acc[ITEMS][VEC], db_acc[ITEMS][VEC];
 #pragma unroll
@@ -192,42 +210,37 @@ __global__ void __launch_bounds__(BLOCK, 1)
     for (int k = 0; k < VEC; ++k) dw_acc[i][k] = db_acc[i][k] = 0;
   }
 
-  i64 next = row_begin;  // the next row to stage
-  for (i64 row = row_begin; row < row_end; ++row) {
-    // stage rows ahead (x, then dy: two copy groups each) as far as the ring holds them
-    for (; next < row_end && r.ahead <= RING_DEPTH - 1 && r.used + 2 * nv <= r.size; ++next) {
-      r.stage(reinterpret_cast<const P*>(x + next * x_stride), nv, t);
-      r.stage(reinterpret_cast<const P*>(dy + next * dy_stride), nv, t);
-    }
-    r.wait_oldest();  // this row's x
-    r.wait_oldest();  // and dy
-    const A mu = mean[row], rs = rstd[row];
-
-    A s1 = 0, s2 = 0;  // sum(xhat * g), sum(g)
+  // pass 1 over the row slice at ring offset `at`: the block's sums of xhat * g and g, and
+  // dy * xhat, dy into the accumulators
+  auto pass1 = [&](const int at, const A mu, const A rs, A& s1, A& s2) {
+    s1 = s2 = 0;
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
       const int v = t + i * BLOCK;
       if (v < nv) {
-        const P px = r.slot[r.wrap(r.head + v)];
-        const P pg = r.slot[r.wrap(r.head + nv + v)];
+        const P px = r.slot[r.wrap(r.head + at + v)];
+        const P pg = r.slot[r.wrap(r.head + at + nv + v)];
         A p[VEC];
-        if (w != nullptr) load_pack<A, TW, VEC>(w + v * VEC, p);
+        if (ws != nullptr) load_pack<A, TW, VEC>(ws + v * VEC, p);
 #pragma unroll
         for (int k = 0; k < VEC; ++k) {
           const A xhat = (static_cast<A>(widen(px.v[k])) - mu) * rs;
           const A gk = static_cast<A>(widen(pg.v[k]));
           dw_acc[i][k] += gk * xhat;
           db_acc[i][k] += gk;
-          const A g = w != nullptr ? gk * p[k] : gk;
+          const A g = ws != nullptr ? gk * p[k] : gk;
           s1 += xhat * g;
           s2 += g;
         }
       }
     }
-    group_sum2<BLOCK>(s1, s2, red);
-    const A c1 = s1 * inv_n, c2 = s2 * inv_n;
+    // `red` is free: every thread passed the previous row's closing barrier after reading it
+    group_sum2<BLOCK, false>(s1, s2, red);
+  };
 
-    T* __restrict__ dxr = dx + row * N;
+  // pass 2 over the oldest row slice in the ring (row `row`): dx, then its slots are released
+  auto pass2 = [&](const i64 row, const A mu, const A rs, const A c1, const A c2) {
+    T* __restrict__ dxr = dx + row * N + lo * VEC;
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
       const int v = t + i * BLOCK;
@@ -235,12 +248,12 @@ __global__ void __launch_bounds__(BLOCK, 1)
         const P px = r.slot[r.wrap(r.head + v)];
         const P pg = r.slot[r.wrap(r.head + nv + v)];
         A p[VEC], o[VEC];
-        if (w != nullptr) load_pack<A, TW, VEC>(w + v * VEC, p);
+        if (ws != nullptr) load_pack<A, TW, VEC>(ws + v * VEC, p);
 #pragma unroll
         for (int k = 0; k < VEC; ++k) {
           const A xhat = (static_cast<A>(widen(px.v[k])) - mu) * rs;
           const A gk = static_cast<A>(widen(pg.v[k]));
-          const A g = w != nullptr ? gk * p[k] : gk;
+          const A g = ws != nullptr ? gk * p[k] : gk;
           o[k] = (g - (xhat * c1 + c2)) * rs;
         }
         store_pack<T, A, VEC>(dxr + v * VEC, o);
@@ -248,10 +261,42 @@ __global__ void __launch_bounds__(BLOCK, 1)
     }
     r.release(2 * nv);
     __syncthreads();  // every thread is done with the row's slots before they are reused
+  };
+
+  i64 next = row_begin;  // the next row to stage
+  A mu_held = 0, rs_held = 0;  // statistics of the row whose pass 2 is pending (LAG == 1)
+  for (i64 row = row_begin; row < row_end + LAG; ++row) {
+    A s1 = 0, s2 = 0, mu = 0, rs = 0;
+    if (row < row_end) {
+      // stage rows ahead (x, then dy: two copy groups each) as far as the ring holds them
+      for (; next < row_end && r.ahead <= RING_DEPTH - 1 && r.used + 2 * nv <= r.size; ++next) {
+        r.stage(reinterpret_cast<const P*>(x + next * x_stride) + lo, nv, t);
+        r.stage(reinterpret_cast<const P*>(dy + next * dy_stride) + lo, nv, t);
+      }
+      r.wait_oldest();  // this row's x
+      r.wait_oldest();  // and dy
+      mu = mean[row];
+      rs = rstd[row];
+      pass1(LAG != 0 && row > row_begin ? 2 * nv : 0, mu, rs, s1, s2);
+    }
+    if constexpr (C == 1) {
+      pass2(row, mu, rs, s1 * inv_n, s2 * inv_n);
+    } else if constexpr (LAG == 0) {
+      exchange.send(s1, s2);
+      exchange.receive(s1, s2);
+      pass2(row, mu, rs, s1 * inv_n, s2 * inv_n);
+    } else {
+      A c1 = 0, c2 = 0;
+      if (row > row_begin) exchange.receive(c1, c2);  // the previous row's cluster sums
+      if (row < row_end) exchange.send(s1, s2);
+      if (row > row_begin) pass2(row - 1, mu_held, rs_held, c1 * inv_n, c2 * inv_n);
+      mu_held = mu;
+      rs_held = rs;
+    }
   }
 
-  // ---- this block's dw/db partial row (zeros when it owned no row)
-  const i64 slot = static_cast<i64>(blockIdx.x) * N;
+  // ---- this block's slice of partial row q (zeros when it owned no row)
+  const i64 slot = static_cast<i64>(q) * N + lo * VEC;
 #pragma unroll
   for (int i = 0; i < ITEMS; ++i) {
     const int v = t + i * BLOCK;
@@ -260,6 +305,30 @@ __global__ void __launch_bounds__(BLOCK, 1)
       store_pack<A, A, VEC>(db_part + slot + v * VEC, db_acc[i]);
     }
   }
+}
+
+template <typename T, typename TW, int VEC, int ITEMS, int BLOCK>
+__global__ void __launch_bounds__(BLOCK, 1)
+    ln_bwd_ring(const T* __restrict__ dy, const i64 dy_stride, const T* __restrict__ x,
+                const i64 x_stride, const TW* __restrict__ w,
+                const typename AccOf<T>::type* __restrict__ mean,
+                const typename AccOf<T>::type* __restrict__ rstd, T* __restrict__ dx,
+                typename AccOf<T>::type* __restrict__ dw_part,
+                typename AccOf<T>::type* __restrict__ db_part, const i64 M, const int N) {
+  bwd_ring_rows<T, TW, VEC, ITEMS, BLOCK, 1, 0>(dy, dy_stride, x, x_stride, w, mean, rstd,
+                                                dx, dw_part, db_part, M, N);
+}
+
+template <typename T, typename TW, int VEC, int ITEMS, int BLOCK, int C, int LAG>
+__global__ void CUPYLN_CLUSTER(C) __launch_bounds__(BLOCK, 1)
+    ln_bwd_cluster(const T* __restrict__ dy, const i64 dy_stride, const T* __restrict__ x,
+                   const i64 x_stride, const TW* __restrict__ w,
+                   const typename AccOf<T>::type* __restrict__ mean,
+                   const typename AccOf<T>::type* __restrict__ rstd, T* __restrict__ dx,
+                   typename AccOf<T>::type* __restrict__ dw_part,
+                   typename AccOf<T>::type* __restrict__ db_part, const i64 M, const int N) {
+  bwd_ring_rows<T, TW, VEC, ITEMS, BLOCK, C, LAG>(dy, dy_stride, x, x_stride, w, mean, rstd,
+                                                  dx, dw_part, db_part, M, N);
 }
 
 // Tier "row": dx for rows too wide for registers, one block per row.

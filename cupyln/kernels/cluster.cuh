@@ -1,0 +1,129 @@
+// cupyln/kernels/cluster.cuh -- thread-block clusters (sm_90+): one row shared by C blocks.
+//
+// A kernel declared with CUPYLN_CLUSTER(C) runs its blocks in clusters of C consecutive
+// blockIdx.x, all resident at once on C SMs of one GPC, each able to write the others' shared
+// memory (distributed shared memory, DSMEM). The wide-row kernels give each block of a cluster
+// a slice of the row's columns and combine the row sums with ClusterSum2.
+// On older architectures the macro expands to nothing and the helpers trap: the launch
+// heuristic never picks a cluster kernel there (tests/test_compile.py builds them for sm_90).
+#pragma once
+
+#include "common.cuh"
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define CUPYLN_CLUSTER(C) __cluster_dims__(C, 1, 1)
+#define CUPYLN_CLUSTERS 1
+#else
+#define CUPYLN_CLUSTER(C)
+#define CUPYLN_CLUSTERS 0
+#endif
+
+namespace cupyln {
+
+// This block's rank in its cluster (0 .. C-1), the cluster's index and the number of clusters.
+__device__ __forceinline__ unsigned cluster_rank() {
+  unsigned r = 0;
+#if CUPYLN_CLUSTERS
+  asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+#endif
+  return r;
+}
+__device__ __forceinline__ unsigned cluster_index() {
+  unsigned r = blockIdx.x;
+#if CUPYLN_CLUSTERS
+  asm("mov.u32 %0, %%clusterid.x;" : "=r"(r));
+#endif
+  return r;
+}
+__device__ __forceinline__ unsigned cluster_count() {
+  unsigned r = gridDim.x;
+#if CUPYLN_CLUSTERS
+  asm("mov.u32 %0, %%nclusterid.x;" : "=r"(r));
+#endif
+  return r;
+}
+
+// The cluster barrier in two halves: every thread of every block of the cluster arrives, and
+// later waits until all have arrived. Shared-memory writes (local or remote) before a thread's
+// arrive are visible to every thread of the cluster after its wait. A thread alternates
+// arrive and wait; work between them overlaps the wait for the slowest block.
+__device__ __forceinline__ void cluster_arrive() {
+#if CUPYLN_CLUSTERS
+  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+#else
+  __trap();
+#endif
+}
+__device__ __forceinline__ void cluster_wait() {
+#if CUPYLN_CLUSTERS
+  asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+#else
+  __trap();
+#endif
+}
+__device__ __forceinline__ void cluster_sync() {
+  cluster_arrive();
+  cluster_wait();
+}
+
+// Writes v to the copy of `*local` (a __shared__ address) held by block `rank` of the cluster.
+__device__ __forceinline__ void store_remote(float* local, const unsigned rank, const float v) {
+#if CUPYLN_CLUSTERS
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(local));
+  unsigned d;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(d) : "r"(s), "r"(rank));
+  asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(d), "f"(v) : "memory");
+#else
+  __trap();
+#endif
+}
+__device__ __forceinline__ void store_remote(double* local, const unsigned rank, const double v) {
+#if CUPYLN_CLUSTERS
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(local));
+  unsigned d;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(d) : "r"(s), "r"(rank));
+  asm volatile("st.shared::cluster.f64 [%0], %1;" ::"r"(d), "d"(v) : "memory");
+#else
+  __trap();
+#endif
+}
+
+// Sums of two values over the C blocks of a cluster, added in rank order, so every block gets
+// bitwise the same result: send() gives this block's pair (a block sum: the same in every
+// thread) to every block and arrives at the cluster barrier; the next receive() waits there and
+// returns the cluster's sums. Work between the two overlaps the exchange. `slots` is 4 * C
+// values of __shared__ memory at the same offset in every block; exchanges alternate between
+// its two halves, so a block writes a half again only after the wait of the next exchange,
+// which no block passes before every block has read that half. Every thread of every block of
+// the cluster makes the same calls; cluster_sync() once before the first send.
+template <int C, typename A>
+struct ClusterSum2 {
+  A* slots;
+  int half = 0;
+
+  __device__ __forceinline__ void send(const A a, const A b) {
+    A* mine = slots + half * 2 * C;
+    if (threadIdx.x < C) {  // thread p writes to block p
+      const unsigned r = cluster_rank();
+      store_remote(mine + 2 * r, threadIdx.x, a);
+      store_remote(mine + 2 * r + 1, threadIdx.x, b);
+    }
+    cluster_arrive();
+  }
+
+  __device__ __forceinline__ void receive(A& a, A& b) {
+    cluster_wait();
+    const A* mine = slots + half * 2 * C;
+    A ta = mine[0], tb = mine[1];
+#pragma unroll
+    for (int p = 1; p < C; ++p) {
+      ta += mine[2 * p];
+      tb += mine[2 * p + 1];
+    }
+    a = ta;
+    b = tb;
+    half ^= 1;
+  }
+};
+
+}  // namespace cupyln

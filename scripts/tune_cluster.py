@@ -1,0 +1,101 @@
+"""Measure the backward's ring and cluster tiers (kernels/layer_norm_bwd.cu ln_bwd_ring,
+ln_bwd_cluster) against each other and the row tier on wide rows, to set
+the cluster size (the smallest that fits, or larger ones with more rows in each ring).
+
+    python scripts/tune_cluster.py [--n 16384,32768] [--dtypes bfloat16,float32]
+
+For each width N (M = 2**27 // N rows, w and b of x's dtype) it times the row tier, then every
+cluster size whose slices fit (1 is the ring tier), checks dx and dw against the first, and
+prints GB/s (3 * bytes of x: x and dy read, dx written) and the share of the copy bandwidth
+measured in the same run, with the rows of slices each ring holds.
+"""
+
+import argparse
+import hashlib
+import itertools
+import os
+import pathlib
+import sys
+
+import cupy
+import numpy
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from cupyln import _api, _compile, _launch, bench  # noqa: E402
+
+_shape = _launch._bwd_ring_shape
+_source = _compile.source
+
+
+def forced(cluster):
+    """A _bwd_ring_shape that takes exactly ``cluster`` (None: never, the row tier)."""
+
+    def shape(n, vec, itemsize, values, share, max_cluster):
+        if cluster is None:
+            return None
+        got = _launch._bwd_slice_rows(n, vec, itemsize, values, share, cluster)
+        return None if got is None else (cluster, got[0], int(cluster > 1 and got[1] >= 2))
+
+    return shape
+
+
+def _close(a, b):
+    a, b = a.astype(cupy.float32), b.astype(cupy.float32)
+    return bool(cupy.allclose(a, b, rtol=2e-2, atol=2e-2))
+
+
+def run(x, w, dy, cluster):
+    _launch._bwd_ring_shape = forced(cluster)
+    _api._backward_launch.cache_clear()
+    _api._backward_calls.clear()
+    plan = _api._backward_launch(x.data.device_id, x.shape[1], x.dtype, w.dtype, w.dtype,
+                                 16 // x.itemsize)[1]  # fmt: skip
+    if (plan.tier == "row") != (cluster is None):
+        return None
+    _, mean, rstd = _api.forward(x, w, w)
+    out = _api.backward(dy, x, w, mean, rstd)
+    ms = bench.time_ms(lambda: _api.backward(dy, x, w, mean, rstd))
+    return out, ms, _api.describe(x, w, w)["backward"]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--n", default="12288,16384,24576,32768,65536")
+    ap.add_argument("--dtypes", default="bfloat16,float32")
+    ap.add_argument("--alt", default="", help="another layer_norm_bwd.cu to time beside it")
+    args = ap.parse_args()
+    sources = [_compile.source(_compile.BWD_SOURCE)]
+    if args.alt:
+        sources.append(_compile._inline(pathlib.Path(args.alt).resolve(), set()))
+        sources[-1] = (sources[-1], hashlib.sha256(sources[-1].encode()).hexdigest())
+    copy = bench.copy_bandwidth()
+    print(f"copy {copy:.0f} GB/s", flush=True)
+    for dtype, n in itertools.product(args.dtypes.split(","), map(int, args.n.split(","))):
+        x, w, _, dy = bench._inputs(2**27 // n, n, numpy.dtype(dtype))
+        gb = 3 * x.nbytes * 1e-6
+        first = None
+        for cluster, (k, src) in itertools.product((None, 1, 2, 4, 8), enumerate(sources)):
+            if cluster is None and k:
+                continue
+            _compile.source = lambda name, src=src, orig=_compile.source: (
+                src if name == _compile.BWD_SOURCE else orig(name)
+            )
+            _compile._kernels.clear()
+            got = run(x, w, dy, cluster)
+            _compile.source = _source
+            if got is None:
+                continue
+            out, ms, desc = got
+            first = out if first is None else first
+            same = all(_close(a, b) for a, b in zip(out, first))
+            g = gb / ms
+            share = _launch._share(_api._device(x.data.device_id).smem_optin)
+            rows = share // (2 * x.nbytes // x.shape[0] // (cluster or 1))
+            print(f"{'ab'[k]} {dtype:8s} N={n:6d} {g:5.0f} GB/s ({g / copy:4.0%}) rows/ring={rows} "
+                  f"{desc}{'' if same else '  MISMATCH'}", flush=True)  # fmt: skip
+    _launch._bwd_ring_shape = _shape
+
+
+if __name__ == "__main__":
+    main()
