@@ -61,6 +61,10 @@ RING_MIN_BYTES = 24 * 1024
 RING_SPLIT = 3
 RING_BLOCK_SPLIT = 256
 RING_BLOCK = 512
+# Forward cluster tier (layer_norm_fwd.cu ln_fwd_cluster, sm_90): rows of which one block's ring
+# holds fewer than two are split over a thread-block cluster of the fewest blocks whose rings
+# hold two rows of slices, one block of FWD_CLUSTER_BLOCK threads per SM.
+FWD_CLUSTER_BLOCK = 512
 # Backward ring tier (layer_norm_bwd.cu ln_bwd_ring): rows past the register tier whose x and
 # dy fit the shared memory, with the dw/db accumulators (2 * items * vec values of A per thread,
 # at most twice the register tier's budget) in registers: one block of BWD_RING_BLOCK threads
@@ -132,10 +136,18 @@ def _reg_shape(n: int, vec: int, values: int):
     return None
 
 
-def forward_plan(n: int, x_dtype, w_dtype, b_dtype, vec: int, smem_limit: int) -> Plan:
-    """Kernel variant for the forward of rows of N elements of ``x_dtype``."""
+def forward_plan(n: int, x_dtype, w_dtype, b_dtype, vec: int, smem_limit: int,
+                 max_cluster: int = 1) -> Plan:  # fmt: skip
+    """Kernel variant for the forward of rows of N elements of ``x_dtype``; ``max_cluster``:
+    the largest thread-block cluster the device runs (1: none)."""
     tx, tw, tb = ctype(x_dtype), ctype(w_dtype), ctype(b_dtype)
     row_bytes = _cdiv(n * x_dtype.itemsize, 16) * 16
+    cluster = _fwd_cluster(n, vec, x_dtype.itemsize, _share(smem_limit), max_cluster)
+    if cluster is not None:
+        b = FWD_CLUSTER_BLOCK
+        expr = _compile.template("ln_fwd_cluster", tx, tw, tb, vec, b, cluster)
+        return Plan(_compile.FWD_SOURCE, expr, "cluster", vec, 0, b, b, 1, _share(smem_limit),
+                    cluster)  # fmt: skip
     ring = None
     if row_bytes >= RING_MIN_BYTES and _async_copyable(vec, x_dtype.itemsize):
         ring = _ring_shape(row_bytes, smem_limit)
@@ -165,6 +177,20 @@ def _share(smem_limit: int, blocks: int = 1) -> int:
 def _async_copyable(vec: int, itemsize: int) -> bool:
     """cp.async copies packs of 4, 8 or 16 bytes (ring.cuh)."""
     return vec * itemsize >= 4
+
+
+def _fwd_cluster(n: int, vec: int, itemsize: int, share: int, max_cluster: int):
+    """Blocks per cluster of the forward's cluster tier: None while a block's ring of ``share``
+    bytes holds two rows (or no cluster holds them, or cp.async cannot copy the packs), else
+    the smallest cluster (up to ``max_cluster``) whose rings hold two rows of slices."""
+    if not _async_copyable(vec, itemsize) or 2 * _cdiv(n * itemsize, 16) * 16 <= share:
+        return None
+    cluster = 2
+    while cluster <= max_cluster:
+        if 2 * _cdiv(_cdiv(n // vec, cluster) * vec * itemsize, 16) * 16 <= share:
+            return cluster
+        cluster *= 2
+    return None
 
 
 def _ring_shape(nbytes: int, smem_limit: int):
@@ -256,7 +282,8 @@ def dwdb_slices(m: int, n: int, sm_count: int) -> tuple[int, int]:
 
 
 def grid_size(m: int, rows_per_block: int, capacity: int) -> int:
-    """Blocks for M rows: one per group of rows, at most the resident capacity (persistent)."""
+    """Blocks for M rows: one per group of rows, at most the resident capacity (persistent).
+    For a plan of thread-block clusters: clusters, and ``capacity`` in clusters."""
     return max(1, min(_cdiv(m, rows_per_block), capacity))
 
 

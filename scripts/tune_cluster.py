@@ -1,13 +1,14 @@
-"""Measure the backward's ring and cluster tiers (kernels/layer_norm_bwd.cu ln_bwd_ring,
-ln_bwd_cluster) against each other and the row tier on wide rows, to set
-the cluster size (the smallest that fits, or larger ones with more rows in each ring).
+"""Measure the cluster tiers (kernels/layer_norm_bwd.cu ln_bwd_cluster, layer_norm_fwd.cu
+ln_fwd_cluster) against each other and the tiers without clusters on wide rows, to set the
+cluster size (the smallest that fits, or larger ones with more rows in each ring).
 
-    python scripts/tune_cluster.py [--n 16384,32768] [--dtypes bfloat16,float32]
+    python scripts/tune_cluster.py [--n 16384,32768] [--dtypes bfloat16,float32] [--forward]
 
-For each width N (M = 2**27 // N rows, w and b of x's dtype) it times the row tier, then every
-cluster size whose slices fit (1 is the ring tier), checks dx and dw against the first, and
-prints GB/s (3 * bytes of x: x and dy read, dx written) and the share of the copy bandwidth
-measured in the same run, with the rows of slices each ring holds.
+For each width N (M = 2**27 // N rows, w and b of x's dtype) it times the plan without clusters,
+then every cluster size whose slices fit (in the backward, 1 is the ring tier), checks the
+results against the first, and prints GB/s (backward: 3 * bytes of x, x and dy read and dx
+written; forward: 2 *) and the share of the copy bandwidth measured in the same run, with the
+rows of slices each ring holds. --alt times another layer_norm_bwd.cu beside the package's.
 """
 
 import argparse
@@ -59,11 +60,45 @@ def run(x, w, dy, cluster):
     return out, ms, _api.describe(x, w, w)["backward"]
 
 
+def forced_forward(cluster):
+    """A _fwd_cluster that takes exactly ``cluster`` where two rows of slices fit (None: none)."""
+
+    def pick(n, vec, itemsize, share, max_cluster):
+        if cluster is None:
+            return None
+        return cluster if 2 * -(-(n // vec) // cluster) * vec * itemsize <= share else None
+
+    return pick
+
+
+def forward(args, copy):
+    fwd = _launch._fwd_cluster
+    for dtype, n in itertools.product(args.dtypes.split(","), map(int, args.n.split(","))):
+        x, w, _, _ = bench._inputs(2**27 // n, n, numpy.dtype(dtype))
+        first = None
+        for cluster in (None, 2, 4, 8):
+            _launch._fwd_cluster = forced_forward(cluster)
+            _api._forward_launch.cache_clear()
+            _api._forward_calls.clear()
+            desc = _api.describe(x, w, w)["forward"]
+            if cluster is not None and f"cluster={cluster}" not in desc:
+                continue
+            out = _api.forward(x, w, w)
+            ms = bench.time_ms(lambda x=x, w=w: _api.forward(x, w, w))
+            first = out if first is None else first
+            same = all(_close(a, b) for a, b in zip(out, first))
+            g = 2 * x.nbytes * 1e-6 / ms
+            print(f"fwd {dtype:8s} N={n:6d} {g:5.0f} GB/s ({g / copy:4.0%}) "
+                  f"{desc}{'' if same else '  MISMATCH'}", flush=True)  # fmt: skip
+    _launch._fwd_cluster = fwd
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", default="12288,16384,24576,32768,65536")
     ap.add_argument("--dtypes", default="bfloat16,float32")
     ap.add_argument("--alt", default="", help="another layer_norm_bwd.cu to time beside it")
+    ap.add_argument("--forward", action="store_true", help="the forward instead")
     args = ap.parse_args()
     sources = [_compile.source(_compile.BWD_SOURCE)]
     if args.alt:
@@ -71,6 +106,8 @@ def main():
         sources[-1] = (sources[-1], hashlib.sha256(sources[-1].encode()).hexdigest())
     copy = bench.copy_bandwidth()
     print(f"copy {copy:.0f} GB/s", flush=True)
+    if args.forward:
+        return forward(args, copy)
     for dtype, n in itertools.product(args.dtypes.split(","), map(int, args.n.split(","))):
         x, w, _, dy = bench._inputs(2**27 // n, n, numpy.dtype(dtype))
         gb = 3 * x.nbytes * 1e-6

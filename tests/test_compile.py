@@ -23,7 +23,8 @@ _REPORT = re.compile(
 def variants(x_dtype):
     """{source: sorted expressions} over every width, vector width and shared-memory limit,
     plus every w/b dtype pairing for one register-tier, one row-tier and one ring-tier shape
-    (the ring tier's kernel is in the jagged source) and a backward register and cluster tier.
+    (the ring tier's kernel is in the jagged source) with and without clusters, and a backward
+    register and cluster tier.
     The cluster kernels build for sm_80 without their cluster attribute (they never run there)."""
     out = {_compile.FWD_SOURCE: set(), _compile.BWD_SOURCE: set(), _compile.JAG_SOURCE: set()}
     for smem in (SMEM_H100, SMEM_A100):
@@ -31,7 +32,9 @@ def variants(x_dtype):
             for n in NS:
                 if n % vec == 0:
                     for p in (
-                        _launch.forward_plan(n, x_dtype, x_dtype, x_dtype, vec, smem),
+                        _launch.forward_plan(
+                            n, x_dtype, x_dtype, x_dtype, vec, smem, CLUSTERS[smem]
+                        ),
                         _launch.backward_plan(n, x_dtype, x_dtype, vec, smem, CLUSTERS[smem]),
                     ):
                         out[p.source].add(p.expr)
@@ -39,6 +42,8 @@ def variants(x_dtype):
         for tb in DTYPES:
             for n, vec in ((4096, 1), (65536, 1), (65536, 16 // x_dtype.itemsize)):
                 p = _launch.forward_plan(n, x_dtype, tw, tb, vec, SMEM_H100)  # reg, row, ring
+                out[p.source].add(p.expr)
+                p = _launch.forward_plan(n, x_dtype, tw, tb, vec, SMEM_H100, 8)  # and cluster
                 out[p.source].add(p.expr)
             out[_compile.BWD_SOURCE].add(_launch.reduce_expr(x_dtype, tw, tb))
         for n, vec in ((4096, 1), (32768, 16 // x_dtype.itemsize)):  # reg, cluster

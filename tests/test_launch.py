@@ -31,7 +31,7 @@ def test_every_width_gets_a_valid_plan(dtype, smem):
             if n % vec:
                 continue
             for plan, budget in (
-                (_launch.forward_plan(n, dtype, dtype, dtype, vec, smem), 32),
+                (_launch.forward_plan(n, dtype, dtype, dtype, vec, smem, CLUSTERS[smem]), 32),
                 (_launch.backward_plan(n, dtype, dtype, vec, smem, CLUSTERS[smem]), 16),
             ):
                 assert plan.vec == vec
@@ -61,6 +61,14 @@ def test_every_width_gets_a_valid_plan(dtype, smem):
                     assert vec * dtype.itemsize >= 4, plan  # cp.async copies 4, 8 or 16 bytes
                     kernel = "ln_bwd_ring" if c == 1 else "ln_bwd_cluster"
                     assert plan.expr.startswith(f"cupyln::{kernel}<")
+                elif plan.tier == "cluster":  # forward: two rows of slices fit, one never did
+                    c = plan.cluster
+                    slice_bytes = -(-(n // vec) // c) * vec * dtype.itemsize
+                    assert 2 * slice_bytes <= plan.smem < 2 * n * dtype.itemsize, (n, plan)
+                    assert c == 2 or 4 * slice_bytes > plan.smem, plan  # the fewest blocks
+                    assert 1 < c <= CLUSTERS[smem] and vec * dtype.itemsize >= 4, plan
+                    assert plan.expr.startswith("cupyln::ln_fwd_cluster<")
+                    assert plan.expr.endswith(f", {plan.block}, {c}>"), plan
                 elif plan.tier == "ring":  # one row fits the block's ring, one ring per block
                     assert n * dtype.itemsize <= plan.smem and plan.smem % 16 == 0
                     assert n * dtype.itemsize + 15 >= _launch.RING_MIN_BYTES  # 16-byte rounding
@@ -82,7 +90,7 @@ def test_tiers_by_width():
         (12288, bf16, 8, 256, 3),
         (8192, f32, 4, 256, 3),
         (24576, f32, 4, 512, 2),
-        (65536, bf16, 8, 512, 1),
+        (65536, bf16, 8, 512, 1),  # without clusters
     ):
         p = _launch.forward_plan(n, dt, dt, dt, vec, SMEM_H100)
         assert (p.tier, p.block, SMEM_H100 // (p.smem + _launch.STATIC_SMEM_MARGIN)) == (
@@ -90,6 +98,11 @@ def test_tiers_by_width():
             block,
             per_sm,
         ), (n, dt, p)
+    # rows of which one ring holds fewer than two: split over the fewest blocks of a cluster
+    # whose rings hold two rows of slices (sm_90)
+    for n, dt, vec, cluster in ((65536, bf16, 8, 2), (32768, f32, 4, 2), (65536, f32, 4, 4)):
+        p = _launch.forward_plan(n, dt, dt, dt, vec, SMEM_H100, _launch.MAX_CLUSTER)
+        assert (p.tier, p.cluster, p.block) == ("cluster", cluster, 512), (n, dt, p)
     # backward: past the register tier (8192), x and dy staged in a ring with dw/db in registers
     # up to 16384; wider rows split over a cluster of such blocks (sm_90), else one block per
     # row (x and dy staged or re-read)

@@ -197,7 +197,7 @@ def test_other_layouts_are_copied():
 
 
 # ------------------------------------------------------------------ numerics
-@pytest.mark.parametrize("n", [17, 1024, 8192, 65536, 262144])
+@pytest.mark.parametrize("n", [17, 1024, 8192, 32768, 65536, 262144])
 def test_large_mean_rows(n):
     x = fresh((16, n), "float32", loc=1e4, scale=1.0)
     w = fresh((n,), "float32", loc=1.0, scale=0.3)
@@ -236,12 +236,15 @@ def test_nan_in_dy_stays_in_its_row_and_column(n):
     ref.assert_close(db[cols], dbr[cols], "db of the other columns", atol_scale=3)
 
 
-# Widths of the backward's cluster tier (sm_90) whose blocks get unequal slices of the row:
+# Widths of the cluster tiers (sm_90) whose blocks get unequal slices of the row. Backward:
 # 32776 bf16 (4097 packs over 4 blocks), 16385 float32 (scalar packs over 4), 98304 bf16 (8
-# blocks); rows fewer than clusters (1, 37) leave clusters without rows.
+# blocks); forward: 65544 bf16 (8193 packs over 2), 98304 bf16. Rows fewer than clusters
+# (1, 37) leave clusters without rows.
 @pytest.mark.parametrize("m", [1, 37, 700])
-@pytest.mark.parametrize("n,dtype", [(32776, "bfloat16"), (16385, "float32"), (98304, "bfloat16")])
-def test_backward_row_slices(m, n, dtype):
+@pytest.mark.parametrize(
+    "n,dtype", [(32776, "bfloat16"), (16385, "float32"), (98304, "bfloat16"), (65544, "bfloat16")]
+)
+def test_cluster_row_slices(m, n, dtype):
     run_and_check(*inputs((m, n), dtype, "float32", dtype))
 
 

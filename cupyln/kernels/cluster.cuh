@@ -3,7 +3,7 @@
 // A kernel declared with CUPYLN_CLUSTER(C) runs its blocks in clusters of C consecutive
 // blockIdx.x, all resident at once on C SMs of one GPC, each able to write the others' shared
 // memory (distributed shared memory, DSMEM). The wide-row kernels give each block of a cluster
-// a slice of the row's columns and combine the row sums with ClusterSum2.
+// a slice of the row's columns and combine their row statistics with ClusterExchange.
 // On older architectures the macro expands to nothing and the helpers trap: the launch
 // heuristic never picks a cluster kernel there (tests/test_compile.py builds them for sm_90).
 #pragma once
@@ -88,41 +88,36 @@ __device__ __forceinline__ void store_remote(double* local, const unsigned rank,
 #endif
 }
 
-// Sums of two values over the C blocks of a cluster, added in rank order, so every block gets
-// bitwise the same result: send() gives this block's pair (a block sum: the same in every
-// thread) to every block and arrives at the cluster barrier; the next receive() waits there and
-// returns the cluster's sums. Work between the two overlaps the exchange. `slots` is 4 * C
-// values of __shared__ memory at the same offset in every block; exchanges alternate between
-// its two halves, so a block writes a half again only after the wait of the next exchange,
-// which no block passes before every block has read that half. Every thread of every block of
-// the cluster makes the same calls; cluster_sync() once before the first send.
-template <int C, typename A>
-struct ClusterSum2 {
+// W values from each of the C blocks of a cluster to every block: send() gives this block's
+// values (block-wide: the same in every thread) to every block and arrives at the cluster
+// barrier; the next receive() waits there and returns the C * W values received, block p's at
+// [p * W, (p + 1) * W), which the caller combines in rank order so every block gets bitwise
+// the same result. Work between the two overlaps the exchange. `slots` is 2 * C * W values of
+// __shared__ memory at the same offset in every block; exchanges alternate between its two
+// halves, so a block writes a half again only after the wait of the next exchange, which no
+// block passes before every block has read that half (its reads precede its next arrive).
+// Every thread of every block of the cluster makes the same calls; cluster_sync() once before
+// the first send.
+template <int C, typename A, int W>
+struct ClusterExchange {
   A* slots;
   int half = 0;
 
-  __device__ __forceinline__ void send(const A a, const A b) {
-    A* mine = slots + half * 2 * C;
+  __device__ __forceinline__ void send(const A (&v)[W]) {
+    A* mine = slots + half * C * W;
     if (threadIdx.x < C) {  // thread p writes to block p
       const unsigned r = cluster_rank();
-      store_remote(mine + 2 * r, threadIdx.x, a);
-      store_remote(mine + 2 * r + 1, threadIdx.x, b);
+#pragma unroll
+      for (int j = 0; j < W; ++j) store_remote(mine + r * W + j, threadIdx.x, v[j]);
     }
     cluster_arrive();
   }
 
-  __device__ __forceinline__ void receive(A& a, A& b) {
+  __device__ __forceinline__ const A* receive() {
     cluster_wait();
-    const A* mine = slots + half * 2 * C;
-    A ta = mine[0], tb = mine[1];
-#pragma unroll
-    for (int p = 1; p < C; ++p) {
-      ta += mine[2 * p];
-      tb += mine[2 * p + 1];
-    }
-    a = ta;
-    b = tb;
+    const A* got = slots + half * C * W;
     half ^= 1;
+    return got;
   }
 };
 

@@ -167,7 +167,7 @@ __global__ void __launch_bounds__(BLOCK, 1)
 //   ln_bwd_cluster (sm_90+): clusters of C blocks, q = the cluster's index; block k of a cluster
 //   takes the packs [k*P/C, (k+1)*P/C) of each row (P = N / VEC), so the dw/db accumulators of
 //   rows too wide for one SM's registers are spread over C SMs. The row sums are combined
-//   across the cluster through distributed shared memory (cluster.cuh ClusterSum2). With
+//   across the cluster through distributed shared memory (cluster.cuh ClusterExchange). With
 //   LAG = 1 the next row's pass 1 runs while the blocks wait for each other: pass 2 of a row
 //   follows pass 1 of the next one, and the ring holds two rows' slices at once.
 // Limits: ceil(N / VEC / C) <= BLOCK * ITEMS; the ring holds the x and dy slices of 1 + LAG
@@ -185,11 +185,21 @@ __device__ __forceinline__ void bwd_ring_rows(
   static_assert(LAG == 0 || (LAG == 1 && C > 1), "LAG: rows between a row's passes 1 and 2");
   extern __shared__ __align__(16) unsigned char smem_raw[];
   __shared__ A red[2 * (BLOCK / 32)];
-  __shared__ A xch[4 * C];
+  __shared__ A xch[2 * C * 2];
   unsigned smem_bytes;
   asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(smem_bytes));
   Ring<P, BLOCK> r{reinterpret_cast<P*>(smem_raw), static_cast<int>(smem_bytes / sizeof(P))};
-  ClusterSum2<C, A> exchange{xch};
+  ClusterExchange<C, A, 2> exchange{xch};
+  auto cluster_sums = [&](A& c1, A& c2) {  // the cluster's row sums, added in rank order
+    const A* got = exchange.receive();
+    c1 = got[0];
+    c2 = got[1];
+#pragma unroll
+    for (int p = 1; p < C; ++p) {
+      c1 += got[2 * p];
+      c2 += got[2 * p + 1];
+    }
+  };
   const int t = threadIdx.x;
   const unsigned q = C > 1 ? cluster_index() : blockIdx.x;
   const unsigned nq = C > 1 ? cluster_count() : gridDim.x;
@@ -282,13 +292,13 @@ __device__ __forceinline__ void bwd_ring_rows(
     if constexpr (C == 1) {
       pass2(row, mu, rs, s1 * inv_n, s2 * inv_n);
     } else if constexpr (LAG == 0) {
-      exchange.send(s1, s2);
-      exchange.receive(s1, s2);
+      exchange.send({s1, s2});
+      cluster_sums(s1, s2);
       pass2(row, mu, rs, s1 * inv_n, s2 * inv_n);
     } else {
       A c1 = 0, c2 = 0;
-      if (row > row_begin) exchange.receive(c1, c2);  // the previous row's cluster sums
-      if (row < row_end) exchange.send(s1, s2);
+      if (row > row_begin) cluster_sums(c1, c2);  // the previous row's
+      if (row < row_end) exchange.send({s1, s2});
       if (row > row_begin) pass2(row - 1, mu_held, rs_held, c1 * inv_n, c2 * inv_n);
       mu_held = mu;
       rs_held = rs;

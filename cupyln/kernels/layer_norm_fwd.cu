@@ -18,8 +18,11 @@
 // sizes to the resident capacity). Vector width VEC is chosen by the host so that N, the row
 // stride and every pointer are multiples of VEC elements (16-byte accesses where possible).
 // Rows of 24 KB and more that fit shared memory take the ring tier, kernels/jagged.cu
-// ln_fwd_ring (the next rows load while one is reduced); cupyln/_launch.py chooses.
+// ln_fwd_ring (the next rows load while one is reduced), and rows of which a ring holds fewer
+// than two the cluster tier below (sm_90); cupyln/_launch.py chooses.
 #include "common.cuh"
+#include "ring.cuh"
+#include "cluster.cuh"
 
 namespace cupyln {
 
@@ -190,6 +193,122 @@ __global__ void __launch_bounds__(BLOCK, 1)
       }
       store_pack<T, A, VEC>(yr + col, o);
     });
+  }
+}
+
+// Tier "cluster" (sm_90+): rows too wide for two to fit one block's staging ring.
+//   Clusters of C blocks (one block of BLOCK threads per SM); cluster q of Q takes the rows
+//   [q*M/Q, (q+1)*M/Q) and block k of it the packs [k*P/C, (k+1)*P/C) of each row (P = N /
+//   VEC), copied into the block's ring (ring.cuh) with cp.async up to RING_DEPTH rows ahead.
+//   Each block forms its slice's statistics exactly from shared memory, shifted by the slice's
+//   first element k_p: d_p = mean(x - k_p) and m2_p = sum((x - k_p - d_p)^2). The blocks
+//   exchange (k_p, d_p, m2_p) through distributed shared memory (cluster.cuh) and each merges
+//   them in rank order (Chan et al.'s pairwise update, offsets taken against block 0's shift),
+//   so every block gets bitwise the same mean and rstd without E[x^2] - E[x]^2. Then each
+//   writes y for its slice; block 0 writes mean and rstd.
+// Limits: one row's slice fits the ring (the host asks for two).
+template <typename T, typename TW, typename TB, int VEC, int BLOCK, int C>
+__global__ void CUPYLN_CLUSTER(C) __launch_bounds__(BLOCK, 1)
+    ln_fwd_cluster(const T* __restrict__ x, const i64 x_stride, T* __restrict__ y,
+                   const TW* __restrict__ w, const TB* __restrict__ b,
+                   typename AccOf<T>::type* __restrict__ mean,
+                   typename AccOf<T>::type* __restrict__ rstd, const i64 M, const int N,
+                   const typename AccOf<T>::type eps) {
+  typedef typename AccOf<T>::type A;
+  typedef Pack<T, VEC> P;
+  static_assert(BLOCK % 32 == 0 && BLOCK <= 1024 && C <= 32, "bad block");
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  __shared__ A red[2][BLOCK / 32];  // the slice's sum and sum of squares
+  __shared__ A xch[2 * C * 3];
+  unsigned smem_bytes;
+  asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(smem_bytes));
+  Ring<P, BLOCK> r{reinterpret_cast<P*>(smem_raw), static_cast<int>(smem_bytes / sizeof(P))};
+  ClusterExchange<C, A, 3> exchange{xch};
+  const int t = threadIdx.x;
+  const unsigned q = cluster_index(), nq = cluster_count(), rank = cluster_rank();
+  const int packs = N / VEC;  // per row
+  auto slice_start = [&](const unsigned k) {
+    return static_cast<int>(static_cast<i64>(k) * packs / C);
+  };
+  const int lo = slice_start(rank), nv = slice_start(rank + 1) - lo;  // this block's slice
+  const A inv_nv = A(1) / A(nv * VEC), inv_n = A(1) / A(N);
+  const i64 row_begin = static_cast<i64>(q) * M / nq;
+  const i64 row_end = static_cast<i64>(q + 1) * M / nq;
+  const bool stats = mean != nullptr && rank == 0 && t == 0;
+  cluster_sync();  // every block of the cluster runs before DSMEM is used
+
+  i64 next = row_begin;  // the next row to stage
+  for (i64 row = row_begin; row < row_end; ++row) {
+    for (; next < row_end && r.ahead < RING_DEPTH && r.used + nv <= r.size; ++next) {
+      r.stage(reinterpret_cast<const P*>(x + next * x_stride) + lo, nv, t);
+    }
+    const A k = static_cast<A>(widen(x[row * x_stride + lo * VEC]));  // the slice's shift
+    r.wait_oldest();
+
+    A s = 0;
+    for (int v = t, i = r.wrap(r.head + t); v < nv; v += BLOCK, i = r.wrap(i + BLOCK)) {
+      const P pk = r.slot[i];
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) s += static_cast<A>(widen(pk.v[e])) - k;
+    }
+    // `red` alternates between its halves, and the previous row ended with a barrier
+    const A d = group_sum<BLOCK, false>(s, red[0]) * inv_nv;
+    A ss = 0;
+    for (int v = t, i = r.wrap(r.head + t); v < nv; v += BLOCK, i = r.wrap(i + BLOCK)) {
+      const P pk = r.slot[i];
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        const A dev = static_cast<A>(widen(pk.v[e])) - k - d;
+        ss += dev * dev;
+      }
+    }
+    exchange.send({k, d, group_sum<BLOCK, false>(ss, red[1])});
+
+    // merge the C slices in rank order: mu = mean - k_0, m2 = sum of squared deviations
+    const A* got = exchange.receive();
+    const A k0 = got[0];
+    A mu = 0;
+#pragma unroll
+    for (int p = 0; p < C; ++p) {
+      const A n_p = A((slice_start(p + 1) - slice_start(p)) * VEC);
+      mu += n_p * ((got[3 * p] - k0) + got[3 * p + 1]);
+    }
+    mu *= inv_n;
+    A m2 = 0;
+#pragma unroll
+    for (int p = 0; p < C; ++p) {
+      const A n_p = A((slice_start(p + 1) - slice_start(p)) * VEC);
+      const A dm = (got[3 * p] - k0) + got[3 * p + 1] - mu;
+      m2 += got[3 * p + 2] + n_p * dm * dm;
+    }
+    const A rs = rsqrt_acc(m2 * inv_n + eps);
+    if (stats) {
+      mean[row] = k0 + mu;
+      rstd[row] = rs;
+    }
+
+    const A off = mu - (k - k0);  // the row's mean minus this slice's shift
+    T* __restrict__ yr = y + row * N + lo * VEC;
+    for (int v = t, i = r.wrap(r.head + t); v < nv; v += BLOCK, i = r.wrap(i + BLOCK)) {
+      const P pk = r.slot[i];
+      const int c = (lo + v) * VEC;
+      A o[VEC], p[VEC];
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) o[e] = (static_cast<A>(widen(pk.v[e])) - k - off) * rs;
+      if (w != nullptr) {
+        load_pack<A, TW, VEC>(w + c, p);
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) o[e] *= p[e];
+      }
+      if (b != nullptr) {
+        load_pack<A, TB, VEC>(b + c, p);
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) o[e] += p[e];
+      }
+      store_pack<T, A, VEC>(yr + v * VEC, o);
+    }
+    r.release(nv);
+    __syncthreads();  // every thread is done with the row's slots before they are reused
   }
 }
 
