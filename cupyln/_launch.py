@@ -61,10 +61,17 @@ RING_MIN_BYTES = 24 * 1024
 RING_SPLIT = 3
 RING_BLOCK_SPLIT = 256
 RING_BLOCK = 512
-# Forward cluster tier (layer_norm_fwd.cu ln_fwd_cluster, sm_90): rows of which one block's ring
-# holds fewer than two are split over a thread-block cluster of the fewest blocks whose rings
-# hold two rows of slices, one block of FWD_CLUSTER_BLOCK threads per SM.
-FWD_CLUSTER_BLOCK = 512
+# Forward cluster tier (layer_norm_fwd.cu ln_fwd_cluster, sm_90): rows too wide for one block's
+# ring are split over a thread-block cluster of the fewest blocks whose rings hold
+# FWD_CLUSTER_ROWS rows of slices, FWD_CLUSTER_SPLIT blocks of FWD_CLUSTER_BLOCK_SPLIT threads
+# per SM (scripts/tune_cluster.py --forward, H200: fp32 N=65536 2867 GB/s at 3 x 256 threads
+# and 4 blocks per cluster, against 2733 at 2 x 256, 2226 at 1 x 512 and 1946 for the row
+# tier). Where one ring holds the row, the ring tier stays ahead: fp32 N=32768 3303 against
+# 3038, bf16 N=65536 2094 against 1905.
+FWD_CLUSTER_BLOCK = 512  # with FWD_CLUSTER_SPLIT = 1
+FWD_CLUSTER_BLOCK_SPLIT = 256
+FWD_CLUSTER_SPLIT = 3
+FWD_CLUSTER_ROWS = 1
 # Backward ring tier (layer_norm_bwd.cu ln_bwd_ring): rows past the register tier whose x and
 # dy fit the shared memory, with the dw/db accumulators (2 * items * vec values of A per thread,
 # at most twice the register tier's budget) in registers: one block of BWD_RING_BLOCK threads
@@ -142,12 +149,11 @@ def forward_plan(n: int, x_dtype, w_dtype, b_dtype, vec: int, smem_limit: int,
     the largest thread-block cluster the device runs (1: none)."""
     tx, tw, tb = ctype(x_dtype), ctype(w_dtype), ctype(b_dtype)
     row_bytes = _cdiv(n * x_dtype.itemsize, 16) * 16
-    cluster = _fwd_cluster(n, vec, x_dtype.itemsize, _share(smem_limit), max_cluster)
-    if cluster is not None:
-        b = FWD_CLUSTER_BLOCK
+    shape = _fwd_cluster(n, vec, x_dtype.itemsize, smem_limit, max_cluster)
+    if shape is not None:
+        cluster, b, smem = shape
         expr = _compile.template("ln_fwd_cluster", tx, tw, tb, vec, b, cluster)
-        return Plan(_compile.FWD_SOURCE, expr, "cluster", vec, 0, b, b, 1, _share(smem_limit),
-                    cluster)  # fmt: skip
+        return Plan(_compile.FWD_SOURCE, expr, "cluster", vec, 0, b, b, 1, smem, cluster)
     ring = None
     if row_bytes >= RING_MIN_BYTES and _async_copyable(vec, x_dtype.itemsize):
         ring = _ring_shape(row_bytes, smem_limit)
@@ -179,16 +185,21 @@ def _async_copyable(vec: int, itemsize: int) -> bool:
     return vec * itemsize >= 4
 
 
-def _fwd_cluster(n: int, vec: int, itemsize: int, share: int, max_cluster: int):
-    """Blocks per cluster of the forward's cluster tier: None while a block's ring of ``share``
-    bytes holds two rows (or no cluster holds them, or cp.async cannot copy the packs), else
-    the smallest cluster (up to ``max_cluster``) whose rings hold two rows of slices."""
-    if not _async_copyable(vec, itemsize) or 2 * _cdiv(n * itemsize, 16) * 16 <= share:
+def _fwd_cluster(n: int, vec: int, itemsize: int, smem_limit: int, max_cluster: int):
+    """(blocks per cluster, threads, dynamic shared bytes) of the forward's cluster tier: None
+    while one block's ring holds the row (or no cluster fits, or cp.async cannot copy the
+    packs), else the fewest blocks whose rings hold FWD_CLUSTER_ROWS rows of slices when
+    FWD_CLUSTER_SPLIT blocks share an SM."""
+    share = _share(smem_limit, FWD_CLUSTER_SPLIT)
+    row = _cdiv(n * itemsize, 16) * 16
+    if not _async_copyable(vec, itemsize) or row <= _share(smem_limit):
         return None
+    block = FWD_CLUSTER_BLOCK if FWD_CLUSTER_SPLIT == 1 else FWD_CLUSTER_BLOCK_SPLIT
     cluster = 2
     while cluster <= max_cluster:
-        if 2 * _cdiv(_cdiv(n // vec, cluster) * vec * itemsize, 16) * 16 <= share:
-            return cluster
+        slice_bytes = _cdiv(_cdiv(n // vec, cluster) * vec * itemsize, 16) * 16
+        if FWD_CLUSTER_ROWS * slice_bytes <= share:
+            return cluster, block, share
         cluster *= 2
     return None
 

@@ -60,37 +60,51 @@ def run(x, w, dy, cluster):
     return out, ms, _api.describe(x, w, w)["backward"]
 
 
-def forced_forward(cluster):
-    """A _fwd_cluster that takes exactly ``cluster`` where two rows of slices fit (None: none)."""
-
-    def pick(n, vec, itemsize, share, max_cluster):
-        if cluster is None:
-            return None
-        return cluster if 2 * -(-(n // vec) // cluster) * vec * itemsize <= share else None
-
-    return pick
+FORWARD_KNOBS = ("FWD_CLUSTER_SPLIT", "FWD_CLUSTER_ROWS")
 
 
 def forward(args, copy):
-    fwd = _launch._fwd_cluster
+    defaults = {k: getattr(_launch, k) for k in FORWARD_KNOBS}
+    pick = _launch._fwd_cluster
+    settings = [None] + [
+        dict(FWD_CLUSTER_SPLIT=k, FWD_CLUSTER_ROWS=rows, affine=affine)
+        for k, rows, affine in (
+            (1, 2, True),
+            (1, 2, False),
+            (2, 1, True),
+            (3, 1, True),
+            (3, 1, False),
+            (1, 3, True),
+        )  # fmt: skip
+    ]
     for dtype, n in itertools.product(args.dtypes.split(","), map(int, args.n.split(","))):
         x, w, _, _ = bench._inputs(2**27 // n, n, numpy.dtype(dtype))
         first = None
-        for cluster in (None, 2, 4, 8):
-            _launch._fwd_cluster = forced_forward(cluster)
+        for knobs in settings:
+            knobs = dict(knobs or {})
+            affine = knobs.pop("affine", True)
+            for name, value in {**defaults, **knobs}.items():
+                setattr(_launch, name, value)
+            _launch._fwd_cluster = pick if knobs else (lambda *a: None)
             _api._forward_launch.cache_clear()
             _api._forward_calls.clear()
-            desc = _api.describe(x, w, w)["forward"]
-            if cluster is not None and f"cluster={cluster}" not in desc:
+            wb = (w, w) if affine else (None, None)
+            desc = _api.describe(x, *wb)["forward"]
+            if knobs and "cluster" not in desc:
                 continue
-            out = _api.forward(x, w, w)
-            ms = bench.time_ms(lambda x=x, w=w: _api.forward(x, w, w))
-            first = out if first is None else first
-            same = all(_close(a, b) for a, b in zip(out, first))
+            out = _api.forward(x, *wb)
+            ms = bench.time_ms(lambda x=x, wb=wb: _api.forward(x, *wb))
+            if affine:
+                first = out if first is None else first
+                same = all(_close(a, b) for a, b in zip(out, first))
+            else:
+                same = True
             g = 2 * x.nbytes * 1e-6 / ms
-            print(f"fwd {dtype:8s} N={n:6d} {g:5.0f} GB/s ({g / copy:4.0%}) "
-                  f"{desc}{'' if same else '  MISMATCH'}", flush=True)  # fmt: skip
-    _launch._fwd_cluster = fwd
+            print(f"fwd {dtype:8s} N={n:6d} {g:5.0f} GB/s ({g / copy:4.0%}) {knobs} "
+                  f"affine={affine} {desc}{'' if same else '  MISMATCH'}", flush=True)  # fmt: skip
+    for name, value in defaults.items():
+        setattr(_launch, name, value)
+    _launch._fwd_cluster = pick
 
 
 def main():

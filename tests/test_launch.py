@@ -61,11 +61,12 @@ def test_every_width_gets_a_valid_plan(dtype, smem):
                     assert vec * dtype.itemsize >= 4, plan  # cp.async copies 4, 8 or 16 bytes
                     kernel = "ln_bwd_ring" if c == 1 else "ln_bwd_cluster"
                     assert plan.expr.startswith(f"cupyln::{kernel}<")
-                elif plan.tier == "cluster":  # forward: two rows of slices fit, one never did
+                elif plan.tier == "cluster":  # forward: a slice fits a block's ring, the row not
                     c = plan.cluster
                     slice_bytes = -(-(n // vec) // c) * vec * dtype.itemsize
-                    assert 2 * slice_bytes <= plan.smem < 2 * n * dtype.itemsize, (n, plan)
-                    assert c == 2 or 4 * slice_bytes > plan.smem, plan  # the fewest blocks
+                    assert slice_bytes <= plan.smem and plan.smem % 16 == 0, (n, plan)
+                    assert n * dtype.itemsize > smem - _launch.STATIC_SMEM_MARGIN, (n, plan)
+                    assert c == 2 or 2 * slice_bytes > plan.smem, plan  # the fewest blocks
                     assert 1 < c <= CLUSTERS[smem] and vec * dtype.itemsize >= 4, plan
                     assert plan.expr.startswith("cupyln::ln_fwd_cluster<")
                     assert plan.expr.endswith(f", {plan.block}, {c}>"), plan
@@ -98,11 +99,13 @@ def test_tiers_by_width():
             block,
             per_sm,
         ), (n, dt, p)
-    # rows of which one ring holds fewer than two: split over the fewest blocks of a cluster
-    # whose rings hold two rows of slices (sm_90)
-    for n, dt, vec, cluster in ((65536, bf16, 8, 2), (32768, f32, 4, 2), (65536, f32, 4, 4)):
+    # rows too wide for one block's ring: split over the fewest blocks of a cluster whose
+    # slices fit rings of a third of the shared memory (sm_90)
+    for n, dt, vec, cluster in ((65536, f32, 4, 4), (131072, bf16, 8, 4), (262144, bf16, 8, 8)):
         p = _launch.forward_plan(n, dt, dt, dt, vec, SMEM_H100, _launch.MAX_CLUSTER)
-        assert (p.tier, p.cluster, p.block) == ("cluster", cluster, 512), (n, dt, p)
+        assert (p.tier, p.cluster, p.block) == ("cluster", cluster, 256), (n, dt, p)
+    p = _launch.forward_plan(65536, bf16, bf16, bf16, 8, SMEM_H100, _launch.MAX_CLUSTER)
+    assert p.tier == "ring"  # one block's ring holds the row
     # backward: past the register tier (8192), x and dy staged in a ring with dw/db in registers
     # up to 16384; wider rows split over a cluster of such blocks (sm_90), else one block per
     # row (x and dy staged or re-read)

@@ -238,11 +238,11 @@ def test_nan_in_dy_stays_in_its_row_and_column(n):
 
 # Widths of the cluster tiers (sm_90) whose blocks get unequal slices of the row. Backward:
 # 32776 bf16 (4097 packs over 4 blocks), 16385 float32 (scalar packs over 4), 98304 bf16 (8
-# blocks); forward: 65544 bf16 (8193 packs over 2), 98304 bf16. Rows fewer than clusters
-# (1, 37) leave clusters without rows.
+# blocks); forward: 131080 bf16 (16385 packs over 4). Rows fewer than clusters (1, 37) leave
+# clusters without rows.
 @pytest.mark.parametrize("m", [1, 37, 700])
 @pytest.mark.parametrize(
-    "n,dtype", [(32776, "bfloat16"), (16385, "float32"), (98304, "bfloat16"), (65544, "bfloat16")]
+    "n,dtype", [(32776, "bfloat16"), (16385, "float32"), (98304, "bfloat16"), (131080, "bfloat16")]
 )
 def test_cluster_row_slices(m, n, dtype):
     run_and_check(*inputs((m, n), dtype, "float32", dtype))
