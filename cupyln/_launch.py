@@ -58,6 +58,11 @@ STATIC_SMEM_MARGIN = 1024  # the kernels' own static shared memory (reductions),
 # vs 2454, 24576 3669 (2 x 512) vs 2313 (row); bf16 N=12288 2739 vs 2272, 32768 2772 vs 1733,
 # 65536 2419 (1 x 512) vs 1660; bf16 N=8192 (16 KB rows) 2597 vs 2916: the register tier stays.
 RING_MIN_BYTES = 24 * 1024
+# Each ring holds one row (shared memory sized to it): the blocks that then fit an SM overlap
+# each other's loads, and the memory a ring leaves is L1 for w and b (bf16 N=12288 2848 GB/s
+# against 2696 with rings filling their share, N=16384 2844 / 2807, fp32 N=8192 3594 / 3452;
+# 0 restores the filled shares).
+RING_MAX_ROWS = 1
 RING_SPLIT = 3
 RING_BLOCK_SPLIT = 256
 RING_BLOCK = 512
@@ -83,6 +88,7 @@ FWD_CLUSTER_ROWS = 1
 # rows of slices, the next row's pass 1 overlaps the cluster's exchange (lag 1): bf16 N=65536
 # 1961 against 1884, fp32 N=65536 (8 blocks) 2708 against 2441.
 BWD_RING_BLOCK = 512
+BWD_RING_WHOLE_ROWS = True  # rings sized to whole rows, the rest of the SM's memory left to L1
 MAX_CLUSTER = 8  # the portable cluster size limit
 REDUCE_BLOCK = (32, 8)  # ln_partial_reduce and ln_bwd_dwdb_cols
 
@@ -204,6 +210,13 @@ def _fwd_cluster(n: int, vec: int, itemsize: int, smem_limit: int, max_cluster: 
     return None
 
 
+def _whole_rows(share: int, row_bytes: int) -> int:
+    """Shared bytes of a backward ring in ``share`` bytes staging rows of ``row_bytes``: whole
+    rows only (it stages whole rows; what it leaves of the SM's 256 KB is L1, where w stays).
+    One block per SM either way: its registers take the whole register file."""
+    return share // row_bytes * row_bytes if BWD_RING_WHOLE_ROWS else share
+
+
 def _ring_shape(nbytes: int, smem_limit: int):
     """(threads, dynamic shared bytes) of a ring-tier block whose one ring holds ``nbytes``:
     the most blocks per SM (up to RING_SPLIT) whose shares of the shared memory hold it; None
@@ -211,34 +224,39 @@ def _ring_shape(nbytes: int, smem_limit: int):
     for k in range(RING_SPLIT, 0, -1):
         share = _share(smem_limit, k)
         if nbytes <= share:
+            if RING_MAX_ROWS:
+                share = min(share, RING_MAX_ROWS * nbytes)
             return (RING_BLOCK_SPLIT if k == RING_SPLIT else RING_BLOCK), share
     return None
 
 
 def _bwd_slice_rows(n: int, vec: int, itemsize: int, values: int, share: int, cluster: int):
-    """(items, rows) of a backward ring block whose cluster of ``cluster`` blocks shares each
-    row: ITEMS, and how many rows of x and dy slices its ring of ``share`` bytes holds; None
-    when the slice's dw/db accumulators do not fit the registers or one row does not fit."""
+    """(items, rows, bytes) of a backward ring block whose cluster of ``cluster`` blocks shares
+    each row: ITEMS, how many rows of x and dy slices its ring of ``share`` bytes holds, and the
+    bytes of one; None when the slice's dw/db accumulators do not fit the registers or one row
+    does not fit."""
     packs = _cdiv(_cdiv(n, vec), cluster)  # of one block's slice
     items = _cdiv(packs, BWD_RING_BLOCK)
     regs = items * vec <= 2 * values and items <= 2 * MAX_ITEMS  # 32 scalar slots spill
-    rows = share // (2 * _cdiv(packs * vec * itemsize, 16) * 16)
-    return (items, rows) if regs and rows >= 1 else None
+    row_bytes = 2 * _cdiv(packs * vec * itemsize, 16) * 16
+    rows = share // row_bytes
+    return (items, rows, row_bytes) if regs and rows >= 1 else None
 
 
 def _bwd_ring_shape(n: int, vec: int, itemsize: int, values: int, share: int, max_cluster: int):
-    """(cluster, items, lag) of the backward's ring tier (cluster 1) or cluster tier: the
-    smallest cluster (up to ``max_cluster``) whose blocks fit their slices; lag 1 (the next
-    row's pass 1 overlaps the cluster's exchange) where the ring holds two rows of slices. None
-    when no cluster fits or cp.async cannot copy the packs."""
+    """(cluster, items, lag, shared bytes) of the backward's ring tier (cluster 1) or cluster
+    tier: the smallest cluster (up to ``max_cluster``) whose blocks fit their slices; lag 1
+    (the next row's pass 1 overlaps the cluster's exchange) where the ring holds two rows of
+    slices. None when no cluster fits or cp.async cannot copy the packs."""
     if not _async_copyable(vec, itemsize):
         return None
     cluster = 1
     while cluster <= max_cluster:
         got = _bwd_slice_rows(n, vec, itemsize, values, share, cluster)
         if got is not None:
-            items, rows = got
-            return cluster, items, int(cluster > 1 and rows >= 2)
+            items, rows, row_bytes = got
+            lag = int(cluster > 1 and rows >= 2)
+            return cluster, items, lag, _whole_rows(share, row_bytes)
         cluster *= 2
     return None
 
@@ -256,16 +274,14 @@ def backward_plan(n: int, x_dtype, w_dtype, vec: int, smem_limit: int,
         return Plan(_compile.BWD_SOURCE, expr, "reg", vec, items, tpr, block, block // tpr, 0)
     ring = _bwd_ring_shape(n, vec, x_dtype.itemsize, values, _share(smem_limit), max_cluster)
     if ring is not None:
-        cluster, items, lag = ring
+        cluster, items, lag, smem = ring
         b = BWD_RING_BLOCK
         if cluster == 1:
             expr = _compile.template("ln_bwd_ring", tx, tw, vec, items, b)
         else:
             expr = _compile.template("ln_bwd_cluster", tx, tw, vec, items, b, cluster, lag)
         tier = "ring" if cluster == 1 else "cluster"
-        return Plan(
-            _compile.BWD_SOURCE, expr, tier, vec, items, b, b, 1, _share(smem_limit), cluster
-        )
+        return Plan(_compile.BWD_SOURCE, expr, tier, vec, items, b, b, 1, smem, cluster)
     row_bytes = 2 * _cdiv(n * x_dtype.itemsize, 16) * 16
     stage = row_bytes <= smem_limit - STATIC_SMEM_MARGIN
     block = ROW_BLOCK

@@ -36,7 +36,10 @@ def forced(cluster):
         if cluster is None:
             return None
         got = _launch._bwd_slice_rows(n, vec, itemsize, values, share, cluster)
-        return None if got is None else (cluster, got[0], int(cluster > 1 and got[1] >= 2))
+        if got is None:
+            return None
+        items, rows, row_bytes = got
+        return cluster, items, int(cluster > 1 and rows >= 2), _launch._whole_rows(share, row_bytes)
 
     return shape
 

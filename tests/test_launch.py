@@ -85,20 +85,16 @@ def test_tiers_by_width():
     assert _launch.forward_plan(1024, bf16, bf16, bf16, 8, SMEM_H100).tpr == 32
     assert _launch.forward_plan(4096, bf16, bf16, bf16, 8, SMEM_H100).tier == "reg"
     assert _launch.forward_plan(8192, bf16, bf16, bf16, 8, SMEM_H100).tier == "reg"
-    # rows of 24 KB and more through the ring kernel: three blocks of 256 threads per SM while
-    # a row fits a third of the shared memory, else two or one block of 512
-    for n, dt, vec, block, per_sm in (
-        (12288, bf16, 8, 256, 3),
-        (8192, f32, 4, 256, 3),
-        (24576, f32, 4, 512, 2),
-        (65536, bf16, 8, 512, 1),  # without clusters
+    # rows of 24 KB and more through the ring kernel: blocks of 256 threads while a row fits a
+    # third of the shared memory, else of 512; each ring holds one row
+    for n, dt, vec, block in (
+        (12288, bf16, 8, 256),
+        (8192, f32, 4, 256),
+        (24576, f32, 4, 512),
+        (65536, bf16, 8, 512),  # without clusters
     ):
         p = _launch.forward_plan(n, dt, dt, dt, vec, SMEM_H100)
-        assert (p.tier, p.block, SMEM_H100 // (p.smem + _launch.STATIC_SMEM_MARGIN)) == (
-            "ring",
-            block,
-            per_sm,
-        ), (n, dt, p)
+        assert (p.tier, p.block, p.smem) == ("ring", block, n * dt.itemsize), (n, dt, p)
     # rows too wide for one block's ring: split over the fewest blocks of a cluster whose
     # slices fit rings of a third of the shared memory (sm_90)
     for n, dt, vec, cluster in ((65536, f32, 4, 4), (131072, bf16, 8, 4), (262144, bf16, 8, 8)):

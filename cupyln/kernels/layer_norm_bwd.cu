@@ -248,9 +248,11 @@ __device__ __forceinline__ void bwd_ring_rows(
     group_sum2<BLOCK, false>(s1, s2, red);
   };
 
-  // pass 2 over the oldest row slice in the ring (row `row`): dx, then its slots are released
+  // pass 2 over the oldest row slice in the ring (row `row`): dx, then its slots are released.
+  // dx = rs * (g - c2 - xhat * c1) = rs * g + (x - mu) * k1 + k0, k1 = -rs^2 c1, k0 = -rs c2
   auto pass2 = [&](const i64 row, const A mu, const A rs, const A c1, const A c2) {
     T* __restrict__ dxr = dx + row * N + lo * VEC;
+    const A k1 = -rs * rs * c1, k0 = -rs * c2;
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
       const int v = t + i * BLOCK;
@@ -261,10 +263,9 @@ __device__ __forceinline__ void bwd_ring_rows(
         if (ws != nullptr) load_pack<A, TW, VEC>(ws + v * VEC, p);
 #pragma unroll
         for (int k = 0; k < VEC; ++k) {
-          const A xhat = (static_cast<A>(widen(px.v[k])) - mu) * rs;
           const A gk = static_cast<A>(widen(pg.v[k]));
           const A g = ws != nullptr ? gk * p[k] : gk;
-          o[k] = (g - (xhat * c1 + c2)) * rs;
+          o[k] = rs * g + ((static_cast<A>(widen(px.v[k])) - mu) * k1 + k0);
         }
         store_pack<T, A, VEC>(dxr + v * VEC, o);
       }
@@ -275,9 +276,18 @@ __device__ __forceinline__ void bwd_ring_rows(
 
   i64 next = row_begin;  // the next row to stage
   A mu_held = 0, rs_held = 0;  // statistics of the row whose pass 2 is pending (LAG == 1)
+  // each row's statistics are loaded a row ahead, so their latency is not waited for
+  A mu_next = row_begin < row_end ? mean[row_begin] : A(0);
+  A rs_next = row_begin < row_end ? rstd[row_begin] : A(0);
   for (i64 row = row_begin; row < row_end + LAG; ++row) {
     A s1 = 0, s2 = 0, mu = 0, rs = 0;
     if (row < row_end) {
+      mu = mu_next;
+      rs = rs_next;
+      if (row + 1 < row_end) {
+        mu_next = mean[row + 1];
+        rs_next = rstd[row + 1];
+      }
       // stage rows ahead (x, then dy: two copy groups each) as far as the ring holds them
       for (; next < row_end && r.ahead <= RING_DEPTH - 1 && r.used + 2 * nv <= r.size; ++next) {
         r.stage(reinterpret_cast<const P*>(x + next * x_stride) + lo, nv, t);
@@ -285,8 +295,6 @@ __device__ __forceinline__ void bwd_ring_rows(
       }
       r.wait_oldest();  // this row's x
       r.wait_oldest();  // and dy
-      mu = mean[row];
-      rs = rstd[row];
       pass1(LAG != 0 && row > row_begin ? 2 * nv : 0, mu, rs, s1, s2);
     }
     if constexpr (C == 1) {
