@@ -1,8 +1,9 @@
 """Launch configuration: the one heuristic that maps a problem to a kernel variant.
 
-``forward_plan`` / ``backward_plan`` take (N, dtypes, vector width, shared-memory limit) and
-return a frozen ``Plan``: which template instantiation, how many threads per row, how many
-vectors each thread keeps, block size and dynamic shared memory. They need no GPU (the CPU tests
+``forward_plan`` / ``backward_plan`` take (N, dtypes, vector width, shared-memory limit, largest
+thread-block cluster) and return a frozen ``Plan``: which template instantiation, how many
+threads per row, how many vectors each thread keeps, block size, dynamic shared memory and
+blocks per cluster. They need no GPU (the CPU tests
 enumerate every plan they can return and compile it). ``grid_size`` turns a plan and M into a
 persistent grid from the kernel's measured occupancy.
 
@@ -24,6 +25,9 @@ Thresholds and why (H200, bf16, M*N = 2**27; scripts/tune.py, data in docs/):
   the jagged forward's staging rings, loads of the next rows overlapping a row's arithmetic;
 * backward rows past the register tier up to 16K elements take its ring tier (BWD_RING_BLOCK):
   x and dy staged ahead with cp.async, the dw/db accumulators in registers;
+* on sm_90, wider rows split their columns over a thread-block cluster of such blocks (the
+  "cluster" tiers: backward rows past one SM's registers, forward rows past one ring), the
+  blocks exchanging row statistics through distributed shared memory;
 * other rows past the register tier go to one block per row, staged in shared memory when
   N * itemsize (x 2 for backward) fits the device's opt-in limit, re-read otherwise.
 """

@@ -66,23 +66,20 @@ __device__ __forceinline__ void cluster_sync() {
   cluster_wait();
 }
 
-// Writes v to the copy of `*local` (a __shared__ address) held by block `rank` of the cluster.
-__device__ __forceinline__ void store_remote(float* local, const unsigned rank, const float v) {
+// Writes v (float or double) to the copy of `*local` (a __shared__ address) held by block
+// `rank` of the cluster.
+template <typename A>
+__device__ __forceinline__ void store_remote(A* local, const unsigned rank, const A v) {
+  static_assert(sizeof(A) == 4 || sizeof(A) == 8, "float or double");
 #if CUPYLN_CLUSTERS
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(local));
   unsigned d;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(d) : "r"(s), "r"(rank));
-  asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(d), "f"(v) : "memory");
-#else
-  __trap();
-#endif
-}
-__device__ __forceinline__ void store_remote(double* local, const unsigned rank, const double v) {
-#if CUPYLN_CLUSTERS
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(local));
-  unsigned d;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(d) : "r"(s), "r"(rank));
-  asm volatile("st.shared::cluster.f64 [%0], %1;" ::"r"(d), "d"(v) : "memory");
+  if constexpr (sizeof(A) == 4) {
+    asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(d), "f"(v) : "memory");
+  } else {
+    asm volatile("st.shared::cluster.f64 [%0], %1;" ::"r"(d), "d"(v) : "memory");
+  }
 #else
   __trap();
 #endif

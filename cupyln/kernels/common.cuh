@@ -7,7 +7,7 @@
 //   * Acc<T>: the arithmetic type (double for double input, float for everything else);
 //   * widen / narrow: element <-> arithmetic conversions (round-to-nearest-even);
 //   * load_pack / store_pack: VEC consecutive elements in one access of VEC*sizeof(T) bytes
-//     (the caller guarantees that alignment);
+//     (the caller guarantees that alignment); normalize_store: one pack's y, scaled and shifted;
 //   * walk_vectors: a group's strided walk over the packs of a span, U loads in flight;
 //   * group_sum: a sum over the TPR threads that own one row, identical in every thread
 //     (xor butterfly inside a warp, fixed-order sum of per-warp partials across warps);
@@ -115,6 +115,31 @@ __device__ __forceinline__ void store_pack(T* __restrict__ p, const A (&in)[VEC]
 #pragma unroll
   for (int k = 0; k < VEC; ++k) pk.v[k] = narrow<T>(in[k]);
   *reinterpret_cast<Pack<T, VEC>*>(p) = pk;
+}
+
+// y = ((x - k) - m) * rs * w + b for the VEC elements of pk (columns [col, col + VEC) of w and
+// b, each optional: nullptr), stored at dst. k and m are subtracted one after the other: with k
+// a shift near the data (the row's first element) and m the mean of x - k, large-mean rows keep
+// their precision.
+template <typename T, typename TW, typename TB, typename A, int VEC>
+__device__ __forceinline__ void normalize_store(const Pack<T, VEC>& pk, const A k, const A m,
+                                                const A rs, const TW* __restrict__ w,
+                                                const TB* __restrict__ b, const int col,
+                                                T* __restrict__ dst) {
+  A o[VEC], p[VEC];
+#pragma unroll
+  for (int e = 0; e < VEC; ++e) o[e] = (static_cast<A>(widen(pk.v[e])) - k - m) * rs;
+  if (w != nullptr) {
+    load_pack<A, TW, VEC>(w + col, p);
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) o[e] *= p[e];
+  }
+  if (b != nullptr) {
+    load_pack<A, TB, VEC>(b + col, p);
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) o[e] += p[e];
+  }
+  store_pack<T, A, VEC>(dst, o);
 }
 
 // Walks packs v = t, t + S, t + 2S, ... < nv of p (VEC elements each, p aligned to a pack) for

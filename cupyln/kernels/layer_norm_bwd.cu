@@ -8,9 +8,10 @@
 // Outputs: dx [M, N] of T, contiguous; dw_part, db_part [G, N] of A (dw_part may be nullptr
 //          when no dw is wanted), summed afterwards by ln_partial_reduce in a fixed order.
 //
-// Determinism: every partial slot is written by exactly one block, every block writes its whole
-// slot (zeros when it owned no row), rows are visited in a fixed order and all sums are in a
-// fixed order, so the same inputs give bitwise-identical dw/db. No atomics anywhere.
+// Determinism: every partial slot (a row of dw_part/db_part, or a cluster block's column slice
+// of one) is written by exactly one block, whole (zeros when it owned no row); rows are visited
+// in a fixed order and all sums, across a cluster's blocks too, are in a fixed order, so the
+// same inputs give bitwise-identical dx, dw and db. No atomics anywhere.
 #include "common.cuh"
 #include "ring.cuh"
 #include "cluster.cuh"

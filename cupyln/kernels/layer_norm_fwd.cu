@@ -178,20 +178,7 @@ __global__ void __launch_bounds__(BLOCK, 1)
     T* __restrict__ yr = y + row * N;
     walk_vectors<T, VEC, BLOCK, UNROLL>(src, nv, threadIdx.x, [&](const i64 v, const P& pk) {
       const int col = static_cast<int>(v) * VEC;
-      A o[VEC], p[VEC];
-#pragma unroll
-      for (int k = 0; k < VEC; ++k) o[k] = (static_cast<A>(widen(pk.v[k])) - shift - mu) * r;
-      if (w != nullptr) {
-        load_pack<A, TW, VEC>(w + col, p);
-#pragma unroll
-        for (int k = 0; k < VEC; ++k) o[k] *= p[k];
-      }
-      if (b != nullptr) {
-        load_pack<A, TB, VEC>(b + col, p);
-#pragma unroll
-        for (int k = 0; k < VEC; ++k) o[k] += p[k];
-      }
-      store_pack<T, A, VEC>(yr + col, o);
+      normalize_store<T, TW, TB, A, VEC>(pk, shift, mu, r, w, b, col, yr + col);
     });
   }
 }
@@ -290,22 +277,8 @@ __global__ void CUPYLN_CLUSTER(C) __launch_bounds__(BLOCK, 1)
     const A off = mu - (k - k0);  // the row's mean minus this slice's shift
     T* __restrict__ yr = y + row * N + lo * VEC;
     for (int v = t, i = r.wrap(r.head + t); v < nv; v += BLOCK, i = r.wrap(i + BLOCK)) {
-      const P pk = r.slot[i];
-      const int c = (lo + v) * VEC;
-      A o[VEC], p[VEC];
-#pragma unroll
-      for (int e = 0; e < VEC; ++e) o[e] = (static_cast<A>(widen(pk.v[e])) - k - off) * rs;
-      if (w != nullptr) {
-        load_pack<A, TW, VEC>(w + c, p);
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) o[e] *= p[e];
-      }
-      if (b != nullptr) {
-        load_pack<A, TB, VEC>(b + c, p);
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) o[e] += p[e];
-      }
-      store_pack<T, A, VEC>(yr + v * VEC, o);
+      normalize_store<T, TW, TB, A, VEC>(r.slot[i], k, off, rs, w, b, (lo + v) * VEC,
+                                         yr + v * VEC);
     }
     r.release(nv);
     __syncthreads();  // every thread is done with the row's slots before they are reused
