@@ -18,8 +18,8 @@
 // sizes to the resident capacity). Vector width VEC is chosen by the host so that N, the row
 // stride and every pointer are multiples of VEC elements (16-byte accesses where possible).
 // Rows of 24 KB and more that fit shared memory take the ring tier, kernels/jagged.cu
-// ln_fwd_ring (the next rows load while one is reduced), and rows of which a ring holds fewer
-// than two the cluster tier below (sm_90); cupyln/_launch.py chooses.
+// ln_fwd_ring (the next rows load while one is reduced), and rows too wide for one block's ring
+// the cluster tier below (sm_90); cupyln/_launch.py chooses.
 #include "common.cuh"
 #include "ring.cuh"
 #include "cluster.cuh"
@@ -183,17 +183,18 @@ __global__ void __launch_bounds__(BLOCK, 1)
   }
 }
 
-// Tier "cluster" (sm_90+): rows too wide for two to fit one block's staging ring.
-//   Clusters of C blocks (one block of BLOCK threads per SM); cluster q of Q takes the rows
-//   [q*M/Q, (q+1)*M/Q) and block k of it the packs [k*P/C, (k+1)*P/C) of each row (P = N /
-//   VEC), copied into the block's ring (ring.cuh) with cp.async up to RING_DEPTH rows ahead.
+// Tier "cluster" (sm_90+): rows too wide for one block's staging ring.
+//   Clusters of C blocks of BLOCK threads (the host fits several per SM); cluster q of Q takes
+//   the rows [q*M/Q, (q+1)*M/Q) and block k of it the packs [k*P/C, (k+1)*P/C) of each row
+//   (P = N / VEC), copied into the block's ring (ring.cuh) with cp.async up to RING_DEPTH rows
+//   ahead.
 //   Each block forms its slice's statistics exactly from shared memory, shifted by the slice's
 //   first element k_p: d_p = mean(x - k_p) and m2_p = sum((x - k_p - d_p)^2). The blocks
 //   exchange (k_p, d_p, m2_p) through distributed shared memory (cluster.cuh) and each merges
 //   them in rank order (Chan et al.'s pairwise update, offsets taken against block 0's shift),
 //   so every block gets bitwise the same mean and rstd without E[x^2] - E[x]^2. Then each
 //   writes y for its slice; block 0 writes mean and rstd.
-// Limits: one row's slice fits the ring (the host asks for two).
+// Limits: one row's slice fits the ring (the host sizes the ring to a third of the SM).
 template <typename T, typename TW, typename TB, int VEC, int BLOCK, int C>
 __global__ void CUPYLN_CLUSTER(C) __launch_bounds__(BLOCK, 1)
     ln_fwd_cluster(const T* __restrict__ x, const i64 x_stride, T* __restrict__ y,
