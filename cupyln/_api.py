@@ -338,7 +338,7 @@ def launch_backward(dev, m, n, dy_ptr, dy_stride, x_ptr, x_stride, x_dtype, w_pt
     if plan.tier == "row":
         g, per = _launch.dwdb_slices(m, n, _device(dev).sm_count)
     else:  # one partial row per block (per cluster of blocks)
-        g = _launch.grid_size(m, plan.rows, cap)
+        g = _launch.backward_grid(m, plan.rows, cap)
     part, owner = workspace(2 * g * n * esz)
     dw_part = part if w_ptr else 0
     db_part = part + g * n * esz

@@ -9,10 +9,14 @@ persistent grid from the kernel's measured occupancy.
 
 Thresholds and why (H200, bf16, M*N = 2**27; scripts/tune.py, data in docs/):
 * register budget per thread for the row: 32 values (forward) / 16 (backward keeps x, dy and
-  the dw/db accumulators: 4 arrays). Using the full budget (4 x 16-byte loads in flight per
-  thread for bf16) beat every smaller one measured: forward N=2048 3723 GB/s at 64 threads x 4
-  vectors against 3546 at 128 x 2 and 2802 at 256 x 1; N=4096 3398 (128 x 4) against 3241
-  (256 x 2). Every variant stays under ptxas' limit with no spills (tests/test_compile.py);
+  the dw/db accumulators). Using the full budget (4 x 16-byte loads in flight per thread for
+  bf16) beat every smaller one measured: forward N=2048 3723 GB/s at 64 threads x 4 vectors
+  against 3546 at 128 x 2 and 2802 at 256 x 1; N=4096 3398 (128 x 4) against 3241 (256 x 2).
+  Forward rows that would need more than FWD_REG_BLOCK threads take twice the values (8
+  vectors): bf16 N=12288 3519 GB/s at 192 x 8 against 2873 for the ring tier, N=16384 3437 at
+  256 x 8 against 3205 at 512 x 4 (the kernels keep rows as loaded, 16-bit values taking half
+  a register each). Every variant stays under ptxas' limit with no spills
+  (tests/test_compile.py);
 * at least 4 threads per row: small rows still get several independent 16-byte loads per
   warp row instead of one thread walking a row;
 * 128 threads per block for the sub-warp tier (1.5% behind 256 at N=512/1024, within noise);
@@ -21,8 +25,12 @@ Thresholds and why (H200, bf16, M*N = 2**27; scripts/tune.py, data in docs/):
   2241 GB/s against 2501 at 512 x 4);
 * a persistent grid of exactly the resident blocks: for the backward 0.5x and 2x that were
   measured 5-30% slower (fewer blocks leave SMs idle; more add dw/db partial rows);
-* forward rows of 24 KB and more that fit the shared memory take the ring tier (RING_* below):
-  the jagged forward's staging rings, loads of the next rows overlapping a row's arithmetic;
+* forward rows past the register tier that fit the shared memory take the ring tier (RING_*
+  below): the jagged forward's staging rings, loads of the next rows overlapping a row's
+  arithmetic;
+* the backward's persistent grid stops at M / (rows per block * BWD_MIN_STEPS) blocks: each
+  block writes a dw/db partial row, which short batches would otherwise pay for (fp16
+  M=4096, N=1024: 1041 GB/s against 972);
 * backward rows past the register tier up to 16K elements take its ring tier (BWD_RING_BLOCK):
   x and dy staged ahead with cp.async, the dw/db accumulators in registers;
 * on sm_90, wider rows split their columns over a thread-block cluster of such blocks (the
@@ -40,7 +48,9 @@ from . import _compile
 from ._dtypes import acc_dtype, ctype
 
 FWD_REG_VALUES = 32
+FWD_REG_BLOCK = 256  # forward rows needing more threads at FWD_REG_VALUES take twice the values
 BWD_REG_VALUES = 16
+BWD_MIN_STEPS = 8  # groups of rows each backward block walks at least (backward_grid)
 MAX_ITEMS = 8  # vector slots per thread: 16 unrolled scalar slots spill in the backward
 MIN_TPR = 4
 SUBWARP_BLOCK = 128
@@ -53,15 +63,12 @@ REG_BLOCK_MAX = 512  # ...up to 512 (1024 threads cap a thread at 64 registers: 
 ROW_BLOCK = 256
 ROW_BLOCK_ALONE = 512
 STATIC_SMEM_MARGIN = 1024  # the kernels' own static shared memory (reductions), bytes
-# Ring tier (kernels/jagged.cu ln_fwd_ring): forward rows of at least RING_MIN_BYTES that fit a
+# Ring tier (kernels/jagged.cu ln_fwd_ring): forward rows past the register tier that fit a
 # staging ring go through the jagged forward's ring kernel, whose rings load the next rows with
-# cp.async while a row is reduced and written (the register and row tiers wait for each row's
-# loads). RING_SPLIT blocks of RING_BLOCK_SPLIT threads share an SM when a row fits their share,
-# else two or one block of RING_BLOCK. scripts/tune_ring.py (docs/tune_ring_h200.txt), H200,
-# M*N = 2**27, GB/s against the best other tier: fp32 N=8192 3558 vs 3123 (reg), 12288 3517
-# vs 2454, 24576 3669 (2 x 512) vs 2313 (row); bf16 N=12288 2739 vs 2272, 32768 2772 vs 1733,
-# 65536 2419 (1 x 512) vs 1660; bf16 N=8192 (16 KB rows) 2597 vs 2916: the register tier stays.
-RING_MIN_BYTES = 24 * 1024
+# cp.async while a row is reduced and written. RING_SPLIT blocks of RING_BLOCK_SPLIT threads
+# share an SM when a row fits their share, else two or one block of RING_BLOCK.
+# scripts/tune_ring.py (docs/tune_ring_h200.txt), H200, M*N = 2**27, GB/s against the row tier:
+# fp32 N=24576 3669 (2 x 512) vs 2313; bf16 N=32768 2772 vs 1733, 65536 2419 (1 x 512) vs 1660.
 # Each ring holds one row (shared memory sized to it): the blocks that then fit an SM overlap
 # each other's loads, and the memory a ring leaves is L1 for w and b (bf16 N=12288 2848 GB/s
 # against 2696 with rings filling their share, N=16384 2844 / 2807, fp32 N=8192 3594 / 3452;
@@ -164,19 +171,19 @@ def forward_plan(n: int, x_dtype, w_dtype, b_dtype, vec: int, smem_limit: int,
         cluster, b, smem = shape
         expr = _compile.template("ln_fwd_cluster", tx, tw, tb, vec, b, cluster)
         return Plan(_compile.FWD_SOURCE, expr, "cluster", vec, 0, b, b, 1, smem, cluster)
-    ring = None
-    if row_bytes >= RING_MIN_BYTES and _async_copyable(vec, x_dtype.itemsize):
-        ring = _ring_shape(row_bytes, smem_limit)
-    if ring is not None:
-        block, smem = ring
-        expr = _compile.template("ln_fwd_ring", tx, tw, tb, vec, block, block)
-        return Plan(_compile.JAG_SOURCE, expr, "ring", vec, 0, block, block, 1, smem)
     values = FWD_REG_VALUES * 4 // acc_dtype(x_dtype).itemsize
     shape = _reg_shape(n, vec, values)
+    if shape is None or shape[2] > FWD_REG_BLOCK:
+        shape = _reg_shape(n, vec, 2 * values) or shape
     if shape is not None:
         tpr, items, block = shape
         expr = _compile.template("ln_fwd_reg", tx, tw, tb, vec, items, tpr, block)
         return Plan(_compile.FWD_SOURCE, expr, "reg", vec, items, tpr, block, block // tpr, 0)
+    ring = _ring_shape(row_bytes, smem_limit) if _async_copyable(vec, x_dtype.itemsize) else None
+    if ring is not None:
+        block, smem = ring
+        expr = _compile.template("ln_fwd_ring", tx, tw, tb, vec, block, block)
+        return Plan(_compile.JAG_SOURCE, expr, "ring", vec, 0, block, block, 1, smem)
     stage = row_bytes <= smem_limit - STATIC_SMEM_MARGIN
     alone = not stage or 2 * (row_bytes + STATIC_SMEM_MARGIN) > smem_limit
     block = ROW_BLOCK_ALONE if alone else ROW_BLOCK
@@ -310,6 +317,12 @@ def dwdb_slices(m: int, n: int, sm_count: int) -> tuple[int, int]:
     slices = max(1, min(_cdiv(m, 64), _cdiv(8 * sm_count, col_blocks)))
     per = _cdiv(m, slices)
     return _cdiv(m, per), per
+
+
+def backward_grid(m: int, rows_per_block: int, capacity: int) -> int:
+    """Blocks of a backward with one dw/db partial row each: every block walks at least
+    BWD_MIN_STEPS groups of rows, so short batches write fewer partial rows."""
+    return grid_size(m, rows_per_block * BWD_MIN_STEPS, capacity)
 
 
 def grid_size(m: int, rows_per_block: int, capacity: int) -> int:

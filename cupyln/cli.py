@@ -61,7 +61,7 @@ CHECK_CASES = (
     ("N = 3, no affine", (1000, 3), "float16", None, None),
     ("N = 1", (5, 1), "float32", "float32", "float32"),
     ("rank 3, fp64", (4, 7, 1000), "float64", "float64", "float64"),
-    ("N = 32768, ring / cluster tier", (300, 32768), "bfloat16", "float32", "bfloat16"),
+    ("N = 32768, register / cluster tiers", (300, 32768), "bfloat16", "float32", "bfloat16"),
     ("N = 65536 fp32, cluster tiers", (200, 65536), "float32", "float32", "float32"),
     ("N = 65537, shared-memory tier", (6, 65537), "bfloat16", "bfloat16", "bfloat16"),
     ("N = 10^6, re-read tier", (2, 1_000_000), "float32", "float32", "float32"),

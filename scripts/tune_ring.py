@@ -1,17 +1,17 @@
-"""Measure the dense forward's ring tier (kernels/jagged.cu ln_fwd_ring) against the register
-and row tiers on wide rows, to set _launch.RING_MIN_BYTES and the ring's block shapes.
+"""Measure the dense forward's ring tier (kernels/jagged.cu ln_fwd_ring) against the tier the
+launcher picks on wide rows (register, row or cluster), to set the ring's block shapes and where
+the register tier stops.
 
     python scripts/tune_ring.py [--n 8192,16384] [--dtypes bfloat16,float32]
 
-For each width N (M = 2**27 // N rows, w and b of x's dtype) it times the plan without the ring
-tier, then every ring block shape (blocks per SM sharing the shared memory, threads per block),
-checks each against the first, and prints GB/s (2 * bytes of x) and the share of the copy
-bandwidth measured in the same run.
+For each width N (M = 2**27 // N rows, w and b of x's dtype) it times the launcher's plan, then
+every ring block shape with the register tier switched off (blocks per SM sharing the shared
+memory, threads per block), checks each against the first, and prints GB/s (2 * bytes of x)
+and the share of the copy bandwidth measured in the same run.
 """
 
 import argparse
 import itertools
-import math
 import os
 import sys
 
@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from cupyln import _api, _launch, bench  # noqa: E402
 from cupyln import reference as ref  # noqa: E402
 
-KNOBS = ("RING_MIN_BYTES", "RING_SPLIT", "RING_BLOCK_SPLIT", "RING_BLOCK")
+KNOBS = ("REG_BLOCK_MAX", "RING_SPLIT", "RING_BLOCK_SPLIT", "RING_BLOCK")
 
 
 def run(x, w, settings):
@@ -48,8 +48,8 @@ def main():
         w = ref.sample((n,), dtype, loc=1.0, scale=0.2, seed=1)
         gb = 2 * x.nbytes * 1e-6
         first, seen = None, set()
-        shapes = [dict(RING_MIN_BYTES=math.inf)] + [
-            dict(RING_MIN_BYTES=0, RING_SPLIT=k, RING_BLOCK_SPLIT=blk, RING_BLOCK=alone)
+        shapes = [{}] + [
+            dict(REG_BLOCK_MAX=0, RING_SPLIT=k, RING_BLOCK_SPLIT=blk, RING_BLOCK=alone)
             for k, blk, alone in itertools.product((1, 2, 3), (256, 512), (256, 512))
         ]
         for settings in shapes:

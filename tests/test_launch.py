@@ -31,7 +31,7 @@ def test_every_width_gets_a_valid_plan(dtype, smem):
             if n % vec:
                 continue
             for plan, budget in (
-                (_launch.forward_plan(n, dtype, dtype, dtype, vec, smem, CLUSTERS[smem]), 32),
+                (_launch.forward_plan(n, dtype, dtype, dtype, vec, smem, CLUSTERS[smem]), 64),
                 (_launch.backward_plan(n, dtype, dtype, vec, smem, CLUSTERS[smem]), 16),
             ):
                 assert plan.vec == vec
@@ -72,7 +72,8 @@ def test_every_width_gets_a_valid_plan(dtype, smem):
                     assert plan.expr.endswith(f", {plan.block}, {c}>"), plan
                 elif plan.tier == "ring":  # one row fits the block's ring, one ring per block
                     assert n * dtype.itemsize <= plan.smem and plan.smem % 16 == 0
-                    assert n * dtype.itemsize + 15 >= _launch.RING_MIN_BYTES  # 16-byte rounding
+                    # past the register tier (every value budget, 512 threads)
+                    assert n > _launch.REG_BLOCK_MAX * _launch.MAX_ITEMS * vec, (n, plan)
                     assert vec * dtype.itemsize >= 4, plan  # cp.async copies 4, 8 or 16 bytes
                     assert plan.expr.startswith("cupyln::ln_fwd_ring<")
                 if plan.tier != "cluster":
@@ -84,12 +85,19 @@ def test_tiers_by_width():
     f32 = np.dtype(np.float32)
     assert _launch.forward_plan(1024, bf16, bf16, bf16, 8, SMEM_H100).tpr == 32
     assert _launch.forward_plan(4096, bf16, bf16, bf16, 8, SMEM_H100).tier == "reg"
-    assert _launch.forward_plan(8192, bf16, bf16, bf16, 8, SMEM_H100).tier == "reg"
-    # rows of 24 KB and more through the ring kernel: blocks of 256 threads while a row fits a
-    # third of the shared memory, else of 512; each ring holds one row
+    # rows needing more than 256 threads at 32 values a thread take 64 (at most 8 vectors)
+    for n, dt, vec, block, items in (
+        (8192, bf16, 8, 256, 4),
+        (12288, bf16, 8, 192, 8),
+        (32768, bf16, 8, 512, 8),
+        (16384, f32, 4, 512, 8),
+    ):
+        p = _launch.forward_plan(n, dt, dt, dt, vec, SMEM_H100)
+        assert (p.tier, p.block, p.items) == ("reg", block, items), (n, dt, p)
+    # wider rows through the ring kernel: blocks of 256 threads while a row fits a third of the
+    # shared memory, else of 512; each ring holds one row
     for n, dt, vec, block in (
-        (12288, bf16, 8, 256),
-        (8192, f32, 4, 256),
+        (36864, bf16, 8, 256),
         (24576, f32, 4, 512),
         (65536, bf16, 8, 512),  # without clusters
     ):
@@ -144,6 +152,13 @@ def test_grid_is_persistent_and_covers_rows():
     assert _launch.grid_size(0, 4, 528) == 1
     assert _launch.grid_size(37, 32, 528) == 2
     assert _launch.grid_size(10**9, 4, 528) == 528  # never past the resident capacity
+    # the backward: every block walks at least BWD_MIN_STEPS groups of rows (fewer dw/db
+    # partial rows for short batches)
+    steps = _launch.BWD_MIN_STEPS
+    assert _launch.backward_grid(4096, 1, 1584) == 4096 // steps
+    assert _launch.backward_grid(4096, 4, 1584) == 4096 // (4 * steps)
+    assert _launch.backward_grid(10**9, 4, 528) == 528
+    assert _launch.backward_grid(1, 4, 528) == 1
 
 
 @pytest.mark.parametrize("m", [1, 7, 64, 1151, 70000, 2**31 // 4096 + 1])

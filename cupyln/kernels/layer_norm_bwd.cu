@@ -18,15 +18,27 @@
 
 namespace cupyln {
 
+// Blocks of the register tier asked to fit one SM (launch bounds): as many as hold 768 threads
+// for 16-bit T (80 registers a thread), 640 for wider T with at most 4 vector slots (102; more
+// slots spill), else one. H200, bf16 N=5120 3173 GB/s against 2344 with one block of 320
+// threads per SM, float32 4018 against 3448.
+template <typename T, int ITEMS, int BLOCK>
+struct BwdRegBlocks {
+  static constexpr int threads = sizeof(T) == 2 ? 768 : ITEMS <= 4 ? 640 : 0;
+  static constexpr int value = threads / BLOCK > 0 ? threads / BLOCK : 1;
+};
+
 // Tier "reg": x and dy rows in registers, fused dx + dw/db.
 //   Layout as ln_fwd_reg (TPR threads per row, ITEMS vectors of VEC per thread). The grid is
 //   persistent (G = gridDim.x blocks walk the rows) and each thread keeps dw/db accumulators
 //   for its own columns in registers across all rows it visits. At the end the BLOCK / TPR
 //   row groups of a block are combined through shared memory in group order and the block
 //   writes row blockIdx.x of dw_part / db_part.
-// Limits: N <= TPR * ITEMS * VEC; 4 * ITEMS * VEC registers of A for data (launcher: <= 16).
+//   x and dy stay in registers as loaded and are widened in each pass (BwdRegBlocks, KEEP_G).
+// Limits: N <= TPR * ITEMS * VEC; 2 * ITEMS * VEC registers of A for the accumulators and up to
+// as many for data (launcher: ITEMS * VEC <= 16).
 template <typename T, typename TW, int VEC, int ITEMS, int TPR, int BLOCK>
-__global__ void __launch_bounds__(BLOCK, 1)
+__global__ void __launch_bounds__(BLOCK, BwdRegBlocks<T, ITEMS, BLOCK>::value)
     ln_bwd_reg(const T* __restrict__ dy, const i64 dy_stride, const T* __restrict__ x,
                const i64 x_stride, const TW* __restrict__ w,
                const typename AccOf<T>::type* __restrict__ mean,
@@ -72,33 +84,37 @@ __global__ void __launch_bounds__(BLOCK, 1)
   for (i64 row = static_cast<i64>(blockIdx.x) * ROWS + threadIdx.x / TPR; row < M; row += step) {
     fetch(row);
     const A mu = mu_f, r = r_f;
-    A xv[ITEMS][VEC], gv[ITEMS][VEC];
-#pragma unroll
-    for (int i = 0; i < ITEMS; ++i) {
+    // xhat, dy and g = dy * w of the pack at col, slot i, widened from the packs as loaded (half
+    // the registers of float copies for 16-bit T). Where the launch bounds ask for several
+    // blocks per SM, the second pass widens them again and reloads w (from L1); with one block
+    // per SM it keeps g from the first (KEEP_G: bf16 N=8192, 512 threads, 2811 GB/s against
+    // 2645 reloading on H200).
+    auto unpack = [&](const int i, const int col, A (&xh)[VEC], A (&d)[VEC], A (&g)[VEC]) {
+      if (w != nullptr) load_pack<A, TW, VEC>(w + col, g);
 #pragma unroll
       for (int k = 0; k < VEC; ++k) {
-        xv[i][k] = static_cast<A>(widen(rx[i].v[k]));
-        gv[i][k] = static_cast<A>(widen(rg[i].v[k]));
+        xh[k] = (static_cast<A>(widen(rx[i].v[k])) - mu) * r;
+        d[k] = static_cast<A>(widen(rg[i].v[k]));
+        g[k] = w != nullptr ? d[k] * g[k] : d[k];
       }
-    }
+    };
+    constexpr bool KEEP_G = BwdRegBlocks<T, ITEMS, BLOCK>::value == 1;
+    A kept[KEEP_G ? ITEMS : 1][VEC];
 
     A s1 = 0, s2 = 0;  // sum(xhat * g), sum(g)
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
       const int col = (i * TPR + lane) * VEC;
       if (col < N) {
-        A p[VEC];
-        if (w != nullptr) load_pack<A, TW, VEC>(w + col, p);
+        A xh[VEC], d[VEC], g[VEC];
+        unpack(i, col, xh, d, g);
 #pragma unroll
         for (int k = 0; k < VEC; ++k) {
-          const A xhat = (xv[i][k] - mu) * r;
-          dw_acc[i][k] += gv[i][k] * xhat;
-          db_acc[i][k] += gv[i][k];
-          const A g = w != nullptr ? gv[i][k] * p[k] : gv[i][k];
-          xv[i][k] = xhat;
-          gv[i][k] = g;
-          s1 += xhat * g;
-          s2 += g;
+          dw_acc[i][k] += d[k] * xh[k];
+          db_acc[i][k] += d[k];
+          s1 += xh[k] * g[k];
+          s2 += g[k];
+          if constexpr (KEEP_G) kept[i][k] = g[k];
         }
       }
     }
@@ -110,9 +126,18 @@ __global__ void __launch_bounds__(BLOCK, 1)
     for (int i = 0; i < ITEMS; ++i) {
       const int col = (i * TPR + lane) * VEC;
       if (col < N) {
-        A o[VEC];
+        A xh[VEC], d[VEC], g[VEC], o[VEC];
+        if constexpr (KEEP_G) {
 #pragma unroll
-        for (int k = 0; k < VEC; ++k) o[k] = (gv[i][k] - (xv[i][k] * c1 + c2)) * r;
+          for (int k = 0; k < VEC; ++k) {
+            xh[k] = (static_cast<A>(widen(rx[i].v[k])) - mu) * r;
+            g[k] = kept[i][k];
+          }
+        } else {
+          unpack(i, col, xh, d, g);
+        }
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) o[k] = (g[k] - (xh[k] * c1 + c2)) * r;
         store_pack<T, A, VEC>(dxr + col, o);
       }
     }
