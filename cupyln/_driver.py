@@ -11,6 +11,7 @@ buffer is reused; each thread has its own, because the launch releases the GIL.
 from __future__ import annotations
 
 import ctypes
+import functools
 import struct
 import threading
 
@@ -86,15 +87,22 @@ class _LaunchConfig(ctypes.Structure):
     ]
 
 
+@functools.cache
+def _max_active_clusters_fn():
+    """cuOccupancyMaxActiveClusters from the driver library (not bound by CuPy), or None."""
+    try:
+        return ctypes.CDLL("libcuda.so.1").cuOccupancyMaxActiveClusters
+    except (OSError, AttributeError):
+        return None
+
+
 def max_active_clusters(kernel, cluster: int, block: int, smem: int):
     """Clusters of ``kernel`` (compiled with ``__cluster_dims__(cluster, 1, 1)``) that the
-    device holds at once, from ``cuOccupancyMaxActiveClusters`` (not bound by CuPy: called
-    through ctypes). Clusters must fit one GPC, so this can be less than SMs / cluster. None
-    where the driver library or the call is unavailable."""
-    try:
-        lib = ctypes.CDLL("libcuda.so.1")
-        fn = lib.cuOccupancyMaxActiveClusters
-    except (OSError, AttributeError):
+    device holds at once, from ``cuOccupancyMaxActiveClusters`` (called through ctypes).
+    Clusters must fit one GPC, so this can be less than SMs / cluster. None where the driver
+    library or the call is unavailable."""
+    fn = _max_active_clusters_fn()
+    if fn is None:
         return None
     config = _LaunchConfig((cluster, 1, 1), (block, 1, 1), smem, None, None, 0)
     count = ctypes.c_int(0)

@@ -124,6 +124,16 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def _staged(elements: int, itemsize: int) -> int:
+    """Shared bytes staging ``elements`` elements of ``itemsize`` (a 16-byte multiple)."""
+    return _cdiv(elements * itemsize, 16) * 16
+
+
+def _slice_packs(n: int, vec: int, cluster: int) -> int:
+    """Packs of VEC elements in the widest of ``cluster`` blocks' column slices of a row."""
+    return _cdiv(_cdiv(n, vec), cluster)
+
+
 def _pow2_at_least(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 
@@ -165,7 +175,7 @@ def forward_plan(n: int, x_dtype, w_dtype, b_dtype, vec: int, smem_limit: int,
     """Kernel variant for the forward of rows of N elements of ``x_dtype``; ``max_cluster``:
     the largest thread-block cluster the device runs (1: none)."""
     tx, tw, tb = ctype(x_dtype), ctype(w_dtype), ctype(b_dtype)
-    row_bytes = _cdiv(n * x_dtype.itemsize, 16) * 16
+    row_bytes = _staged(n, x_dtype.itemsize)
     shape = _fwd_cluster(n, vec, x_dtype.itemsize, smem_limit, max_cluster)
     if shape is not None:
         cluster, b, smem = shape
@@ -208,13 +218,13 @@ def _fwd_cluster(n: int, vec: int, itemsize: int, smem_limit: int, max_cluster: 
     packs), else the fewest blocks whose rings hold FWD_CLUSTER_ROWS rows of slices when
     FWD_CLUSTER_SPLIT blocks share an SM."""
     share = _share(smem_limit, FWD_CLUSTER_SPLIT)
-    row = _cdiv(n * itemsize, 16) * 16
+    row = _staged(n, itemsize)
     if not _async_copyable(vec, itemsize) or row <= _share(smem_limit):
         return None
     block = FWD_CLUSTER_BLOCK if FWD_CLUSTER_SPLIT == 1 else FWD_CLUSTER_BLOCK_SPLIT
     cluster = 2
     while cluster <= max_cluster:
-        slice_bytes = _cdiv(_cdiv(n // vec, cluster) * vec * itemsize, 16) * 16
+        slice_bytes = _staged(_slice_packs(n, vec, cluster) * vec, itemsize)
         if FWD_CLUSTER_ROWS * slice_bytes <= share:
             return cluster, block, share
         cluster *= 2
@@ -246,10 +256,10 @@ def _bwd_slice_rows(n: int, vec: int, itemsize: int, values: int, share: int, cl
     each row: ITEMS, how many rows of x and dy slices its ring of ``share`` bytes holds, and the
     bytes of one; None when the slice's dw/db accumulators do not fit the registers or one row
     does not fit."""
-    packs = _cdiv(_cdiv(n, vec), cluster)  # of one block's slice
+    packs = _slice_packs(n, vec, cluster)
     items = _cdiv(packs, BWD_RING_BLOCK)
     regs = items * vec <= 2 * values and items <= 2 * MAX_ITEMS  # 32 scalar slots spill
-    row_bytes = 2 * _cdiv(packs * vec * itemsize, 16) * 16
+    row_bytes = 2 * _staged(packs * vec, itemsize)
     rows = share // row_bytes
     return (items, rows, row_bytes) if regs and rows >= 1 else None
 
@@ -293,7 +303,7 @@ def backward_plan(n: int, x_dtype, w_dtype, vec: int, smem_limit: int,
             expr = _compile.template("ln_bwd_cluster", tx, tw, vec, items, b, cluster, lag)
         tier = "ring" if cluster == 1 else "cluster"
         return Plan(_compile.BWD_SOURCE, expr, tier, vec, items, b, b, 1, smem, cluster)
-    row_bytes = 2 * _cdiv(n * x_dtype.itemsize, 16) * 16
+    row_bytes = 2 * _staged(n, x_dtype.itemsize)
     stage = row_bytes <= smem_limit - STATIC_SMEM_MARGIN
     block = ROW_BLOCK
     expr = _compile.template("ln_bwd_row", tx, tw, vec, block, stage)
@@ -400,7 +410,7 @@ def jagged_plan(d: int, x_dtype, vec: int, smem_limit: int, max_seqlen, backward
         ring = share // groups // pack
         cap = ring * vec if hint is None else min(hint, ring * vec)
         return JaggedPlan(cap, _jagged_rows(cap, d), ring * pack * groups, block, group, ring)
-    want = 2 * _cdiv(hint * item, 16) * 16 if hint else JAG_DEFAULT_SMEM
+    want = 2 * _staged(hint, item) if hint else JAG_DEFAULT_SMEM
     smem = min(want, usable) // 32 * 32
     cap = smem // 2 // item
     alone = 2 * (smem + STATIC_SMEM_MARGIN) > smem_limit

@@ -119,32 +119,40 @@ __device__ __forceinline__ A sq_dev_vectors(const T* __restrict__ p, const i64 n
   return sq;
 }
 
-// y = ((x - k) - mu) * rs * w + b for the nv vectors at src (row-major, D columns, starting at
-// a row start), written at dst. M is the type of k and mu: A with the share's shift, or double
-// (k = 0, mu the exact mean) where no shift is at hand.
+// y = ((x - k) - mu) * rs * w + b for one pack pk of x (the columns col.next() gives, when w
+// or b is present), stored at dst. M is the type of k and mu: A with the share's shift, or
+// double (k = 0, mu the exact mean) where no shift is at hand.
+template <typename T, typename TW, typename TB, typename A, typename M, int VEC>
+__device__ __forceinline__ void apply_pack(const Pack<T, VEC>& pk, ColumnWalk& col, const M k0,
+                                           const M mu, const A rs, const TW* __restrict__ w,
+                                           const TB* __restrict__ b, T* __restrict__ dst) {
+  A wv[VEC], bv[VEC], out[VEC];
+  if (w != nullptr || b != nullptr) {
+    const int c = col.next() * VEC;
+    load_cols<A, TW, VEC>(w, c, A(1), wv);
+    load_cols<A, TB, VEC>(b, c, A(0), bv);
+  } else {
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) wv[k] = A(1), bv[k] = A(0);
+  }
+#pragma unroll
+  for (int k = 0; k < VEC; ++k) {
+    const M xk = static_cast<M>(static_cast<A>(widen(pk.v[k])));
+    out[k] = static_cast<A>((xk - k0) - mu) * rs * wv[k] + bv[k];
+  }
+  store_pack<T, A, VEC>(dst, out);
+}
+
+// apply_pack over the nv vectors at src (row-major, D columns, starting at a row start),
+// written at dst, by thread t of a group of S.
 template <typename T, typename TW, typename TB, typename A, typename M, int VEC, int S>
 __device__ __forceinline__ void apply_vectors(const T* __restrict__ src, T* __restrict__ dst,
                                               const i64 nv, const int D, const M k0, const M mu,
                                               const A rs, const TW* __restrict__ w,
                                               const TB* __restrict__ b, const int t) {
   ColumnWalk col(t, S, D / VEC);
-  const bool affine = w != nullptr || b != nullptr;
   for (i64 v = t; v < nv; v += S) {
-    A xv[VEC], wv[VEC], bv[VEC], out[VEC];
-    load_pack<A, T, VEC>(src + v * VEC, xv);
-    if (affine) {
-      const int c = col.next() * VEC;
-      load_cols<A, TW, VEC>(w, c, A(1), wv);
-      load_cols<A, TB, VEC>(b, c, A(0), bv);
-    } else {
-#pragma unroll
-      for (int k = 0; k < VEC; ++k) wv[k] = A(1), bv[k] = A(0);
-    }
-#pragma unroll
-    for (int k = 0; k < VEC; ++k) {
-      out[k] = static_cast<A>((static_cast<M>(xv[k]) - k0) - mu) * rs * wv[k] + bv[k];
-    }
-    store_pack<T, A, VEC>(dst + v * VEC, out);
+    apply_pack<T, TW, TB, A, M, VEC>(ld<T, VEC>(src, v), col, k0, mu, rs, w, b, dst + v * VEC);
   }
 }
 
@@ -181,7 +189,6 @@ __device__ __forceinline__ void ring_forward(
   const bool stats = mean != nullptr;
   Ring<P, GROUP> r{slots, ring};
   i64 next = s_begin;  // the next sequence to stage
-  const bool affine = w != nullptr || b != nullptr;
   for (i64 s = s_begin; s < s_end; ++s) {
     const i64 r0 = seq_start(off, s);
     const i64 cnt = (seq_start(off, s + 1) - r0) * D;
@@ -257,21 +264,8 @@ __device__ __forceinline__ void ring_forward(
     T* dst = y + r0 * D;
     ColumnWalk col(lane, GROUP, D / VEC);
     for (int v = lane, i = r.wrap(r.head + lane); v < nv; v += GROUP, i = r.wrap(i + GROUP)) {
-      const P pk = r.slot[i];
-      A wv[VEC], bv[VEC], out[VEC];
-      if (affine) {
-        const int c = col.next() * VEC;
-        load_cols<A, TW, VEC>(w, c, A(1), wv);
-        load_cols<A, TB, VEC>(b, c, A(0), bv);
-      } else {
-#pragma unroll
-        for (int k = 0; k < VEC; ++k) wv[k] = A(1), bv[k] = A(0);
-      }
-#pragma unroll
-      for (int k = 0; k < VEC; ++k) {
-        out[k] = ((static_cast<A>(widen(pk.v[k])) - mu0) - md) * rs * wv[k] + bv[k];
-      }
-      store_pack<T, A, VEC>(dst + static_cast<i64>(v) * VEC, out);
+      apply_pack<T, TW, TB, A, A, VEC>(r.slot[i], col, mu0, md, rs, w, b,
+                                       dst + static_cast<i64>(v) * VEC);
     }
     r.release(nv);
     group_sync<GROUP, BLOCK>();  // every thread is done with s's slots before they are reused
