@@ -20,9 +20,18 @@ Thresholds and why (H200, bf16, M*N = 2**27; scripts/tune.py, data in docs/):
 * at least 4 threads per row: small rows still get several independent 16-byte loads per
   warp row instead of one thread walking a row;
 * 128 threads per block for the sub-warp tier (1.5% behind 256 at N=512/1024, within noise);
-  wider rows get a block sized to the row in steps of 64 threads, up to 512 (1024-thread
-  blocks cap a thread at 64 registers and ptxas spills the row; N=16384 at 1024 x 2 measured
-  2241 GB/s against 2501 at 512 x 4);
+  wider rows get a block sized to the row in steps of 64 threads, up to 512 for the backward
+  and double rows (1024-thread blocks cap a thread at 64 registers and ptxas spills them) and
+  up to 1024 for the forward of 16- and 32-bit rows, which the rows kept as loaded fit;
+* the forward's launch bounds ask ptxas for FWD_REG_THREADS threads per SM (64 registers a
+  thread), so registers do not hold occupancy down: bf16 N=32768 3216 GB/s at 2 blocks of 512
+  per SM against 2807 at one (71 registers), float32 N=16384 3842 against 3599; bf16 N=65536
+  at 1024 threads 2406 against 2083 for the ring tier. 1536 threads (40 registers, 16-bit rows
+  of 4 vectors) measured 0.5-2% slower at N=512-2048;
+* the backward's 16-bit rows of at least BWD_REG_AHEAD_BLOCK threads copy the next row's x and
+  dy into shared memory with cp.async while a row is computed (layer_norm_bwd.cu, AHEAD): bf16
+  N=8192 3169 GB/s against 2805, N=4096 3501 / 3396, fp16 M=4096 N=8192 2615 / 2395. Smaller
+  blocks lost (bf16 N=1024 3142 against 3432), and so did float32 (N=4096 3691 against 4074);
 * a persistent grid of exactly the resident blocks: for the backward 0.5x and 2x that were
   measured 5-30% slower (fewer blocks leave SMs idle; more add dw/db partial rows);
 * forward rows past the register tier that fit the shared memory take the ring tier (RING_*
@@ -49,6 +58,8 @@ from ._dtypes import acc_dtype, ctype
 
 FWD_REG_VALUES = 32
 FWD_REG_BLOCK = 256  # forward rows needing more threads at FWD_REG_VALUES take twice the values
+FWD_REG_THREADS = 1024  # forward launch bounds: threads per SM (16- and 32-bit rows)
+BWD_REG_AHEAD_BLOCK = 256  # 16-bit backward blocks this large copy the next row's x and dy ahead
 BWD_REG_VALUES = 16
 BWD_MIN_STEPS = 8  # groups of rows each backward block walks at least (backward_grid)
 MAX_ITEMS = 8  # vector slots per thread: 16 unrolled scalar slots spill in the backward
@@ -56,6 +67,7 @@ MIN_TPR = 4
 SUBWARP_BLOCK = 128
 REG_BLOCK_STEP = 64  # block-per-row sizes: multiples of 64 threads...
 REG_BLOCK_MAX = 512  # ...up to 512 (1024 threads cap a thread at 64 registers: ptxas spills)
+FWD_REG_BLOCK_MAX = 1024  # ...up to 1024 for the forward of 16- and 32-bit rows
 # Row tiers: 256 threads measured faster than 512 where two or more blocks share an SM and
 # overlap their phases (forward N=8192 1689 against 983 GB/s, backward N=12288 1478 against
 # 1039); where the staged row leaves room for one block per SM, the forward needs the 512
@@ -66,7 +78,9 @@ STATIC_SMEM_MARGIN = 1024  # the kernels' own static shared memory (reductions),
 # Ring tier (kernels/jagged.cu ln_fwd_ring): forward rows past the register tier that fit a
 # staging ring go through the jagged forward's ring kernel, whose rings load the next rows with
 # cp.async while a row is reduced and written. RING_SPLIT blocks of RING_BLOCK_SPLIT threads
-# share an SM when a row fits their share, else two or one block of RING_BLOCK.
+# share an SM when a row fits their share, else two or one block of RING_BLOCK. Since the
+# register tier holds 16/32-bit rows of up to 1024 x 8 vectors, these are mostly float64 rows
+# and rows that allow only narrower vectors (bf16 N=65536: 2406 GB/s in registers against 2083).
 # scripts/tune_ring.py (docs/tune_ring_h200.txt), H200, M*N = 2**27, GB/s against the row tier:
 # fp32 N=24576 3669 (2 x 512) vs 2313; bf16 N=32768 2772 vs 1733, 65536 2419 (1 x 512) vs 1660.
 # Each ring holds one row (shared memory sized to it): the blocks that then fit an SM overlap
@@ -153,7 +167,7 @@ def vector_width(itemsize: int, n: int, strides=(), pointers=()) -> int:
     return 1
 
 
-def _reg_shape(n: int, vec: int, values: int):
+def _reg_shape(n: int, vec: int, values: int, block_max: int):
     """(tpr, items, block) for the register tier, or None when the row does not fit.
     Rows of up to 32 threads' worth: the fewest threads (a power of two, at least MIN_TPR) that
     hold the row at the full register budget, ITEMS rounded up to a power of two (unused slots
@@ -165,7 +179,7 @@ def _reg_shape(n: int, vec: int, values: int):
         tpr = min(32, max(MIN_TPR, _pow2_at_least(_cdiv(nvec, items_max))))
         return tpr, _pow2_at_least(_cdiv(nvec, tpr)), SUBWARP_BLOCK
     block = _cdiv(_cdiv(nvec, items_max), REG_BLOCK_STEP) * REG_BLOCK_STEP
-    if block <= REG_BLOCK_MAX:
+    if block <= block_max:
         return block, items_max, block
     return None
 
@@ -182,12 +196,16 @@ def forward_plan(n: int, x_dtype, w_dtype, b_dtype, vec: int, smem_limit: int,
         expr = _compile.template("ln_fwd_cluster", tx, tw, tb, vec, b, cluster)
         return Plan(_compile.FWD_SOURCE, expr, "cluster", vec, 0, b, b, 1, smem, cluster)
     values = FWD_REG_VALUES * 4 // acc_dtype(x_dtype).itemsize
-    shape = _reg_shape(n, vec, values)
+    # double x, w or b: 1024-thread blocks and 64 registers a thread spill
+    wide = max(x_dtype.itemsize, w_dtype.itemsize, b_dtype.itemsize) > 4
+    block_max = REG_BLOCK_MAX if wide else FWD_REG_BLOCK_MAX
+    shape = _reg_shape(n, vec, values, REG_BLOCK_MAX)
     if shape is None or shape[2] > FWD_REG_BLOCK:
-        shape = _reg_shape(n, vec, 2 * values) or shape
+        shape = _reg_shape(n, vec, 2 * values, block_max) or shape
     if shape is not None:
         tpr, items, block = shape
-        expr = _compile.template("ln_fwd_reg", tx, tw, tb, vec, items, tpr, block)
+        minb = 1 if wide else max(1, FWD_REG_THREADS // block)
+        expr = _compile.template("ln_fwd_reg", tx, tw, tb, vec, items, tpr, block, minb)
         return Plan(_compile.FWD_SOURCE, expr, "reg", vec, items, tpr, block, block // tpr, 0)
     ring = _ring_shape(row_bytes, smem_limit) if _async_copyable(vec, x_dtype.itemsize) else None
     if ring is not None:
@@ -288,11 +306,14 @@ def backward_plan(n: int, x_dtype, w_dtype, vec: int, smem_limit: int,
     partials); ``max_cluster``: the largest thread-block cluster the device runs (1: none)."""
     tx, tw = ctype(x_dtype), ctype(w_dtype)
     values = BWD_REG_VALUES * 4 // acc_dtype(x_dtype).itemsize
-    shape = _reg_shape(n, vec, values)
+    shape = _reg_shape(n, vec, values, REG_BLOCK_MAX)
     if shape is not None:
         tpr, items, block = shape
-        expr = _compile.template("ln_bwd_reg", tx, tw, vec, items, tpr, block)
-        return Plan(_compile.BWD_SOURCE, expr, "reg", vec, items, tpr, block, block // tpr, 0)
+        # 16-bit rows in 16-byte packs (narrower packs, more of them, spill under the bounds)
+        ahead = x_dtype.itemsize == 2 and vec == 8 and block >= BWD_REG_AHEAD_BLOCK
+        expr = _compile.template("ln_bwd_reg", tx, tw, vec, items, tpr, block, ahead)
+        smem = 2 * block * items * vec * x_dtype.itemsize if ahead else 0
+        return Plan(_compile.BWD_SOURCE, expr, "reg", vec, items, tpr, block, block // tpr, smem)
     ring = _bwd_ring_shape(n, vec, x_dtype.itemsize, values, _share(smem_limit), max_cluster)
     if ring is not None:
         cluster, items, lag, smem = ring

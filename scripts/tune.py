@@ -99,7 +99,8 @@ def main():
         rstd = cupy.empty(m, acc)
         for tier, items, tpr, block in fwd_candidates(n, vec):
             if tier == "reg":
-                expr = _compile.template("ln_fwd_reg", tx, tx, tx, vec, items, tpr, block)
+                minb = 1 if dt.itemsize > 4 else max(1, _launch.FWD_REG_THREADS // block)
+                expr = _compile.template("ln_fwd_reg", tx, tx, tx, vec, items, tpr, block, minb)
                 smem = 0
             else:
                 smem = staged(-(-n * dt.itemsize // 16) * 16, info)
@@ -136,7 +137,8 @@ def main():
         dx = cupy.empty_like(x)
         for tier, items, tpr, block in bwd_candidates(n, vec):
             if tier == "reg":
-                expr = _compile.template("ln_bwd_reg", tx, tx, vec, items, tpr, block)
+                # rows loaded directly (the next row's copy ahead is the launcher's choice)
+                expr = _compile.template("ln_bwd_reg", tx, tx, vec, items, tpr, block, False)
                 smem = 0
             else:
                 smem = staged(2 * (-(-n * dt.itemsize // 16) * 16), info)

@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from cupyln import _api, _launch, bench  # noqa: E402
 from cupyln import reference as ref  # noqa: E402
 
-KNOBS = ("REG_BLOCK_MAX", "RING_SPLIT", "RING_BLOCK_SPLIT", "RING_BLOCK")
+KNOBS = ("REG_BLOCK_MAX", "FWD_REG_BLOCK_MAX", "RING_SPLIT", "RING_BLOCK_SPLIT", "RING_BLOCK")
 
 
 def run(x, w, settings):
@@ -49,7 +49,13 @@ def main():
         gb = 2 * x.nbytes * 1e-6
         first, seen = None, set()
         shapes = [{}] + [
-            dict(REG_BLOCK_MAX=0, RING_SPLIT=k, RING_BLOCK_SPLIT=blk, RING_BLOCK=alone)
+            dict(
+                REG_BLOCK_MAX=0,
+                FWD_REG_BLOCK_MAX=0,
+                RING_SPLIT=k,
+                RING_BLOCK_SPLIT=blk,
+                RING_BLOCK=alone,
+            )
             for k, blk, alone in itertools.product((1, 2, 3), (256, 512), (256, 512))
         ]
         for settings in shapes:

@@ -22,6 +22,12 @@ def _vecs(dtype):
     return [v for v in (8, 4, 2, 1) if v * dtype.itemsize <= 16]
 
 
+def _reg_block_max(forward: bool, dtype) -> int:
+    """The register tier's largest block: 1024 threads for the forward of 16/32-bit rows
+    (with w and b of the same dtype)."""
+    return 1024 if forward and dtype.itemsize <= 4 else 512
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
 @pytest.mark.parametrize("smem", [SMEM_H100, SMEM_A100])
 def test_every_width_gets_a_valid_plan(dtype, smem):
@@ -37,12 +43,21 @@ def test_every_width_gets_a_valid_plan(dtype, smem):
                 assert plan.vec == vec
                 assert plan.block % 32 == 0 and 32 <= plan.block <= 1024
                 assert plan.block % plan.tpr == 0 and plan.rows == plan.block // plan.tpr
+                fwd = plan.source != _compile.BWD_SOURCE
                 if plan.tier == "reg":
                     assert plan.tpr * plan.items * vec >= n, (plan, n)  # the row fits
                     assert plan.items * vec * acc_words <= budget, plan  # registers
                     assert plan.items <= _launch.MAX_ITEMS
                     assert plan.tpr <= 32 or plan.tpr == plan.block
-                    assert plan.block <= _launch.REG_BLOCK_MAX and plan.smem == 0
+                    assert plan.block <= _reg_block_max(fwd, dtype)
+                    if fwd:  # launch bounds: 1024 threads per SM for 16/32-bit rows
+                        minb = max(1, 1024 // plan.block) if dtype.itemsize <= 4 else 1
+                        assert plan.expr.endswith(f", {plan.block}, {minb}>") and plan.smem == 0
+                    else:  # 16-bit rows of 256+ threads copy the next row's x and dy ahead
+                        ahead = dtype.itemsize == 2 and plan.block >= 256 and vec == 8
+                        assert plan.expr.endswith(f", {plan.block}, {str(ahead).lower()}>")
+                        pair = 2 * plan.block * plan.items * vec * dtype.itemsize
+                        assert plan.smem == (pair if ahead else 0), plan
                 else:
                     assert plan.tpr == plan.block and plan.rows == 1
                     assert plan.smem <= smem - _launch.STATIC_SMEM_MARGIN
@@ -72,8 +87,8 @@ def test_every_width_gets_a_valid_plan(dtype, smem):
                     assert plan.expr.endswith(f", {plan.block}, {c}>"), plan
                 elif plan.tier == "ring":  # one row fits the block's ring, one ring per block
                     assert n * dtype.itemsize <= plan.smem and plan.smem % 16 == 0
-                    # past the register tier (every value budget, 512 threads)
-                    assert n > _launch.REG_BLOCK_MAX * _launch.MAX_ITEMS * vec, (n, plan)
+                    # past the register tier (every value budget, the largest block)
+                    assert n > _reg_block_max(fwd, dtype) * _launch.MAX_ITEMS * vec, (n, plan)
                     assert vec * dtype.itemsize >= 4, plan  # cp.async copies 4, 8 or 16 bytes
                     assert plan.expr.startswith("cupyln::ln_fwd_ring<")
                 if plan.tier != "cluster":
@@ -85,21 +100,26 @@ def test_tiers_by_width():
     f32 = np.dtype(np.float32)
     assert _launch.forward_plan(1024, bf16, bf16, bf16, 8, SMEM_H100).tpr == 32
     assert _launch.forward_plan(4096, bf16, bf16, bf16, 8, SMEM_H100).tier == "reg"
-    # rows needing more than 256 threads at 32 values a thread take 64 (at most 8 vectors)
+    # rows needing more than 256 threads at 32 values a thread take 64 (at most 8 vectors), in
+    # blocks of up to 1024 threads
     for n, dt, vec, block, items in (
         (8192, bf16, 8, 256, 4),
         (12288, bf16, 8, 192, 8),
         (32768, bf16, 8, 512, 8),
+        (65536, bf16, 8, 1024, 8),
         (16384, f32, 4, 512, 8),
+        (32768, f32, 4, 1024, 8),
     ):
         p = _launch.forward_plan(n, dt, dt, dt, vec, SMEM_H100)
         assert (p.tier, p.block, p.items) == ("reg", block, items), (n, dt, p)
     # wider rows through the ring kernel: blocks of 256 threads while a row fits a third of the
     # shared memory, else of 512; each ring holds one row
+    f64 = np.dtype(np.float64)
     for n, dt, vec, block in (
-        (36864, bf16, 8, 256),
-        (24576, f32, 4, 512),
-        (65536, bf16, 8, 512),  # without clusters
+        (9216, f64, 2, 256),
+        (16384, f64, 2, 512),
+        (65544, bf16, 8, 512),  # without clusters
+        (36864, f32, 4, 512),
     ):
         p = _launch.forward_plan(n, dt, dt, dt, vec, SMEM_H100)
         assert (p.tier, p.block, p.smem) == ("ring", block, n * dt.itemsize), (n, dt, p)
@@ -108,7 +128,7 @@ def test_tiers_by_width():
     for n, dt, vec, cluster in ((65536, f32, 4, 4), (131072, bf16, 8, 4), (262144, bf16, 8, 8)):
         p = _launch.forward_plan(n, dt, dt, dt, vec, SMEM_H100, _launch.MAX_CLUSTER)
         assert (p.tier, p.cluster, p.block) == ("cluster", cluster, 256), (n, dt, p)
-    p = _launch.forward_plan(65536, bf16, bf16, bf16, 8, SMEM_H100, _launch.MAX_CLUSTER)
+    p = _launch.forward_plan(65544, bf16, bf16, bf16, 8, SMEM_H100, _launch.MAX_CLUSTER)
     assert p.tier == "ring"  # one block's ring holds the row
     # backward: past the register tier (8192), x and dy staged in a ring with dw/db in registers
     # up to 16384; wider rows split over a cluster of such blocks (sm_90), else one block per

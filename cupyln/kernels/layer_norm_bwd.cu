@@ -35,9 +35,13 @@ struct BwdRegBlocks {
 //   row groups of a block are combined through shared memory in group order and the block
 //   writes row blockIdx.x of dw_part / db_part.
 //   x and dy stay in registers as loaded and are widened in each pass (BwdRegBlocks, KEEP_G).
+//   With AHEAD, the next row's x and dy come through shared memory as in ln_fwd_reg: each
+//   thread copies its own packs of them with cp.async once the current row's sums are formed
+//   (which every read of its slots precedes) and moves them into registers when it starts that
+//   row. Dynamic shared memory: 2 * BLOCK * ITEMS packs.
 // Limits: N <= TPR * ITEMS * VEC; 2 * ITEMS * VEC registers of A for the accumulators and up to
-// as many for data (launcher: ITEMS * VEC <= 16).
-template <typename T, typename TW, int VEC, int ITEMS, int TPR, int BLOCK>
+// as many for data (launcher: ITEMS * VEC <= 16); AHEAD needs packs of 4, 8 or 16 bytes.
+template <typename T, typename TW, int VEC, int ITEMS, int TPR, int BLOCK, bool AHEAD>
 __global__ void __launch_bounds__(BLOCK, BwdRegBlocks<T, ITEMS, BLOCK>::value)
     ln_bwd_reg(const T* __restrict__ dy, const i64 dy_stride, const T* __restrict__ x,
                const i64 x_stride, const TW* __restrict__ w,
@@ -81,8 +85,46 @@ __global__ void __launch_bounds__(BLOCK, BwdRegBlocks<T, ITEMS, BLOCK>::value)
     }
   };
 
-  for (i64 row = static_cast<i64>(blockIdx.x) * ROWS + threadIdx.x / TPR; row < M; row += step) {
-    fetch(row);
+  // AHEAD: this thread's slots, x's vector i at sx[i * TPR] and dy's at sg[i * TPR]
+  extern __shared__ __align__(16) unsigned char dyn_smem[];
+  P* const sx = reinterpret_cast<P*>(dyn_smem) + (threadIdx.x / TPR) * (2 * ITEMS * TPR) + lane;
+  P* const sg = sx + ITEMS * TPR;
+  A mu_next = 0, r_next = 0;
+  auto prefetch = [&](const i64 r) {
+    if (r < M) {
+      const T* __restrict__ xr = x + r * x_stride;
+      const T* __restrict__ gr = dy + r * dy_stride;
+      mu_next = mean[r];
+      r_next = rstd[r];
+#pragma unroll
+      for (int i = 0; i < ITEMS; ++i) {
+        const int col = (i * TPR + lane) * VEC;
+        if (col < N) {
+          copy_async<sizeof(P)>(sx + i * TPR, xr + col);
+          copy_async<sizeof(P)>(sg + i * TPR, gr + col);
+        }
+      }
+    }
+    commit_copies();
+  };
+
+  i64 row = static_cast<i64>(blockIdx.x) * ROWS + threadIdx.x / TPR;
+  if constexpr (AHEAD) prefetch(row);
+  for (; row < M; row += step) {
+    if constexpr (AHEAD) {
+      wait_copies<0>(0);
+      mu_f = mu_next;
+      r_f = r_next;
+#pragma unroll
+      for (int i = 0; i < ITEMS; ++i) {
+        if ((i * TPR + lane) * VEC < N) {
+          rx[i] = sx[i * TPR];
+          rg[i] = sg[i * TPR];
+        }
+      }
+    } else {
+      fetch(row);
+    }
     const A mu = mu_f, r = r_f;
     // xhat, dy and g = dy * w of the pack at col, slot i, widened from the packs as loaded (half
     // the registers of float copies for 16-bit T). Where the launch bounds ask for several
@@ -119,6 +161,7 @@ __global__ void __launch_bounds__(BLOCK, BwdRegBlocks<T, ITEMS, BLOCK>::value)
       }
     }
     group_sum2<TPR>(s1, s2, red);
+    if constexpr (AHEAD) prefetch(row + step);
     const A c1 = s1 * inv_n, c2 = s2 * inv_n;
 
     T* __restrict__ dxr = dx + row * N;

@@ -36,11 +36,15 @@ namespace cupyln {
 //   it again: for 16-bit T that is half the registers of float copies, so more rows fit an SM
 //   (bf16 N=8192 3500 GB/s against 2900 with float copies on H200; the conversions are free
 //   next to the memory time). Loading the next row ahead of the current row's reductions was
-//   measured slower (the extra registers cost more occupancy than the overlap gains).
+//   measured slower, into registers (they cost more occupancy than the overlap gains) and with
+//   cp.async into shared memory (bf16 N=12288 2879 GB/s against 3479; float32 N=32768 at 1024
+//   threads 3077 against 3560).
+//   MINB: blocks per SM asked of ptxas (launch bounds), so registers do not cap occupancy
+//   (bf16 N=32768, 512 threads: 2 blocks at 64 registers, 3216 GB/s against 2807 with 1 at 71).
 // Limits: N <= TPR * ITEMS * VEC; registers grow with ITEMS * VEC (the launcher keeps it <= 64
 // values, 32 for double).
-template <typename T, typename TW, typename TB, int VEC, int ITEMS, int TPR, int BLOCK>
-__global__ void __launch_bounds__(BLOCK, 1)
+template <typename T, typename TW, typename TB, int VEC, int ITEMS, int TPR, int BLOCK, int MINB>
+__global__ void __launch_bounds__(BLOCK, MINB)
     ln_fwd_reg(const T* __restrict__ x, const i64 x_stride, T* __restrict__ y,
                const TW* __restrict__ w, const TB* __restrict__ b,
                typename AccOf<T>::type* __restrict__ mean,
