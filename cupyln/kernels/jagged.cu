@@ -272,9 +272,15 @@ __device__ __forceinline__ void ring_forward(
   }
 }
 
-// Registers: three blocks of 256 threads per SM (the host's rings of 74 KB); two in double.
+// Blocks of the ring kernels asked to fit one SM (launch bounds): three of 256 threads (the
+// host's rings of 74 KB), two in double; one of more threads.
+template <typename T, int BLOCK>
+struct RingBlocks {
+  static constexpr int value = BLOCK > 256 ? 1 : sizeof(T) == 8 ? 2 : 3;
+};
+
 template <typename T, typename TW, typename TB, typename I, int VEC, int BLOCK, int GROUP>
-__global__ void __launch_bounds__(BLOCK, BLOCK > 256 ? 1 : sizeof(T) == 8 ? 2 : 3)
+__global__ void __launch_bounds__(BLOCK, RingBlocks<T, BLOCK>::value)
     jag_fwd_short(const T* __restrict__ x, const I* __restrict__ off, const int D,
                   T* __restrict__ y, const TW* __restrict__ w, const TB* __restrict__ b,
                   typename AccOf<T>::type* __restrict__ mean,
@@ -298,7 +304,7 @@ __global__ void __launch_bounds__(BLOCK, BLOCK > 256 ? 1 : sizeof(T) == 8 ? 2 : 
 // the G groups taking rows [q*M/G, (q+1)*M/G). The dynamic shared memory is split evenly into
 // the BLOCK/GROUP groups' rings; each must hold a row (the host's plan sees to it).
 template <typename T, typename TW, typename TB, int VEC, int BLOCK, int GROUP>
-__global__ void __launch_bounds__(BLOCK, BLOCK > 256 ? 1 : sizeof(T) == 8 ? 2 : 3)
+__global__ void __launch_bounds__(BLOCK, RingBlocks<T, BLOCK>::value)
     ln_fwd_ring(const T* __restrict__ x, const i64 x_stride, T* __restrict__ y,
                 const TW* __restrict__ w, const TB* __restrict__ b,
                 typename AccOf<T>::type* __restrict__ mean,
