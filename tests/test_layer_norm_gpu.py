@@ -28,8 +28,10 @@ if GPU_COUNT:
 DTYPES = [d.name for d in TABLE]
 # Widths: 1-3 tiny, 17/127 odd sub-warp rows, 760/769/1000/1128 not powers of two (769 forces the
 # scalar path), 1024/4096/8192/16384 tier edges, 8193/65537 one past them, 5120/12288 model
-# widths, 12288-32768 16-bit rows of 8 vectors a thread, 8193 (float32) and 32768/65536 the ring
-# and cluster tiers, 262144 the re-read tier.
+# widths, 12288-65536 16-bit rows of 8 vectors a thread (32768/65536 forward: blocks of 512 and
+# 1024 threads), 4096-8192 16-bit backward rows copied ahead through shared memory, 8193
+# (float32) the ring tier, 32768/65536 the cluster tiers (every backward; the forward of float64
+# rows and of float32 at 65536), 262144 the re-read tier.
 NS = [1, 2, 3, 17, 64, 127, 512, 760, 769, 1000, 1024, 1128, 4096, 5120, 8192, 8193, 12288,
       16384, 32768, 65536, 65537, 262144]  # fmt: skip
 # Rows: 0 (empty), 1, 37 (fewer rows than SMs), 1151 (the tutorial's), 70000 (> 65535).
