@@ -314,7 +314,7 @@ def launch_forward(dev, m, n, x_ptr, x_stride, x_dtype, y_ptr, w_ptr, w_dtype, b
     """Forward of M >= 1 rows of N; y contiguous, mean/rstd of M values (both 0: not stored)."""
     vec = _vector_width(x_dtype.itemsize, n, (x_stride,), (x_ptr | y_ptr) & 15)
     k, plan, cap = _forward_launch(dev, n, x_dtype, w_dtype, b_dtype, vec)
-    k(_launch.grid_size(m, plan.rows, cap) * plan.cluster, plan.block, plan.smem,
+    k(_launch.forward_grid(m, plan, cap), plan.block, plan.smem,
       _current_stream() if stream is None else stream,
       x_ptr, x_stride, y_ptr, w_ptr, b_ptr, mean_ptr, rstd_ptr, m, n, eps)  # fmt: skip
 
@@ -497,7 +497,7 @@ def _forward_checked(x, w, b, eps, out):
                     bdt,
                     offsets,
                     k,
-                    _launch.grid_size(m, plan.rows, cap) * plan.cluster,
+                    _launch.forward_grid(m, plan, cap),
                     plan.block,
                     plan.smem,
                     vec * x.itemsize - 1,

@@ -181,6 +181,22 @@ def test_grid_is_persistent_and_covers_rows():
     assert _launch.backward_grid(1, 4, 528) == 1
 
 
+def test_forward_grid_per_tier():
+    """The register tier launches a block per group of rows (at most the grid limit; the
+    kernels' row loops take the rest); the staging tiers stay persistent, clusters counted in
+    blocks."""
+    bf16 = [d for d in DTYPES if d.name == "bfloat16"][0]
+    reg = _launch.forward_plan(1024, bf16, bf16, bf16, 8, SMEM_H100)  # 4 rows a block
+    assert reg.tier == "reg" and reg.rows == 4
+    assert _launch.forward_grid(1, reg, 528) == 1
+    assert _launch.forward_grid(10**6, reg, 528) == 250000  # past the resident capacity
+    assert _launch.forward_grid(2**40, reg, 528) == 2**31 - 1
+    ring = _launch.forward_plan(65544, bf16, bf16, bf16, 8, SMEM_H100)
+    assert ring.tier == "ring" and _launch.forward_grid(10**6, ring, 132) == 132
+    cl = _launch.forward_plan(131072, bf16, bf16, bf16, 8, SMEM_H100, _launch.MAX_CLUSTER)
+    assert cl.tier == "cluster" and _launch.forward_grid(10**6, cl, 33) == 33 * cl.cluster
+
+
 @pytest.mark.parametrize("m", [1, 7, 64, 1151, 70000, 2**31 // 4096 + 1])
 @pytest.mark.parametrize("n", [1, 33, 65537, 10**6])
 def test_dwdb_slices_cover_rows_within_grid_limits(m, n):

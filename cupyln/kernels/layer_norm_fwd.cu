@@ -14,8 +14,8 @@
 //
 // Block-wide sums alternate between two shared buffers (mean, variance), so each costs one
 // barrier: two per row.
-// Rows are walked with a grid-stride loop (64-bit row offsets; any M with a grid the launcher
-// sizes to the resident capacity). Vector width VEC is chosen by the host so that N, the row
+// Rows are walked with a grid-stride loop (64-bit row offsets; any M with any grid: the launcher
+// gives the register tier a block per group of rows, the other tiers their resident capacity). Vector width VEC is chosen by the host so that N, the row
 // stride and every pointer are multiples of VEC elements (16-byte accesses where possible).
 // Rows past the register tier that fit shared memory take the ring tier, kernels/jagged.cu
 // ln_fwd_ring (the next rows load while one is reduced), and rows too wide for one block's ring
