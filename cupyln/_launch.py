@@ -35,7 +35,7 @@ Thresholds and why (H200, bf16, M*N = 2**27; scripts/tune.py, data in docs/):
 * the backward and the forward's staging tiers run a persistent grid of exactly the resident
   blocks: for the backward 0.5x and 2x that were measured 5-30% slower (fewer blocks leave SMs
   idle; more add dw/db partial rows). The forward's register tier launches a block per group
-  of rows instead (forward_grid: bf16 N=512-32768 3.7-16% faster, fp16 M=4096 N=15872 3174 ->
+  of rows instead (forward_grid: bf16 N=512-32768 2-16% faster, fp16 M=4096 N=15872 3174 ->
   3641 GB/s; float32 N=32768 at 1024 threads 3551 -> 3418, within run-to-run spread);
 * forward rows past the register tier that fit the shared memory take the ring tier (RING_*
   below): the jagged forward's staging rings, loads of the next rows overlapping a row's
