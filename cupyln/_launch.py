@@ -88,9 +88,7 @@ STATIC_SMEM_MARGIN = 1024  # the kernels' own static shared memory (reductions),
 # fp32 N=24576 3669 (2 x 512) vs 2313; bf16 N=32768 2772 vs 1733, 65536 2419 (1 x 512) vs 1660.
 # Each ring holds one row (shared memory sized to it): the blocks that then fit an SM overlap
 # each other's loads, and the memory a ring leaves is L1 for w and b (bf16 N=12288 2848 GB/s
-# against 2696 with rings filling their share, N=16384 2844 / 2807, fp32 N=8192 3594 / 3452;
-# 0 restores the filled shares).
-RING_MAX_ROWS = 1
+# against 2696 with rings filling their share, N=16384 2844 / 2807, fp32 N=8192 3594 / 3452).
 RING_SPLIT = 3
 RING_BLOCK_SPLIT = 256
 RING_BLOCK = 512
@@ -116,7 +114,6 @@ FWD_CLUSTER_ROWS = 1
 # rows of slices, the next row's pass 1 overlaps the cluster's exchange (lag 1): bf16 N=65536
 # 1961 against 1884, fp32 N=65536 (8 blocks) 2708 against 2441.
 BWD_RING_BLOCK = 512
-BWD_RING_WHOLE_ROWS = True  # rings sized to whole rows, the rest of the SM's memory left to L1
 MAX_CLUSTER = 8  # the portable cluster size limit
 MAX_GRID = 2**31 - 1  # blocks in a grid's x dimension; the kernels' row loops take the rest
 REDUCE_BLOCK = (32, 8)  # ln_partial_reduce and ln_bwd_dwdb_cols
@@ -194,7 +191,7 @@ def forward_plan(n: int, x_dtype, w_dtype, b_dtype, vec: int, smem_limit: int,
     the largest thread-block cluster the device runs (1: none)."""
     tx, tw, tb = ctype(x_dtype), ctype(w_dtype), ctype(b_dtype)
     row_bytes = _staged(n, x_dtype.itemsize)
-    shape = _fwd_cluster(n, vec, x_dtype.itemsize, smem_limit, max_cluster)
+    shape = _fwd_cluster(n, vec, x_dtype.itemsize, row_bytes, smem_limit, max_cluster)
     if shape is not None:
         cluster, b, smem = shape
         expr = _compile.template("ln_fwd_cluster", tx, tw, tb, vec, b, cluster)
@@ -234,14 +231,14 @@ def _async_copyable(vec: int, itemsize: int) -> bool:
     return vec * itemsize >= 4
 
 
-def _fwd_cluster(n: int, vec: int, itemsize: int, smem_limit: int, max_cluster: int):
+def _fwd_cluster(n: int, vec: int, itemsize: int, row_bytes: int, smem_limit: int,
+                 max_cluster: int):  # fmt: skip
     """(blocks per cluster, threads, dynamic shared bytes) of the forward's cluster tier: None
-    while one block's ring holds the row (or no cluster fits, or cp.async cannot copy the
-    packs), else the fewest blocks whose rings hold FWD_CLUSTER_ROWS rows of slices when
-    FWD_CLUSTER_SPLIT blocks share an SM."""
+    while one block's ring holds the row of ``row_bytes`` staged bytes (or no cluster fits, or
+    cp.async cannot copy the packs), else the fewest blocks whose rings hold FWD_CLUSTER_ROWS
+    rows of slices when FWD_CLUSTER_SPLIT blocks share an SM."""
     share = _share(smem_limit, FWD_CLUSTER_SPLIT)
-    row = _staged(n, itemsize)
-    if not _async_copyable(vec, itemsize) or row <= _share(smem_limit):
+    if not _async_copyable(vec, itemsize) or row_bytes <= _share(smem_limit):
         return None
     block = FWD_CLUSTER_BLOCK if FWD_CLUSTER_SPLIT == 1 else FWD_CLUSTER_BLOCK_SPLIT
     cluster = 2
@@ -253,23 +250,13 @@ def _fwd_cluster(n: int, vec: int, itemsize: int, smem_limit: int, max_cluster: 
     return None
 
 
-def _whole_rows(share: int, row_bytes: int) -> int:
-    """Shared bytes of a backward ring in ``share`` bytes staging rows of ``row_bytes``: whole
-    rows only (it stages whole rows; what it leaves of the SM's 256 KB is L1, where w stays).
-    One block per SM either way: its registers take the whole register file."""
-    return share // row_bytes * row_bytes if BWD_RING_WHOLE_ROWS else share
-
-
 def _ring_shape(nbytes: int, smem_limit: int):
-    """(threads, dynamic shared bytes) of a ring-tier block whose one ring holds ``nbytes``:
-    the most blocks per SM (up to RING_SPLIT) whose shares of the shared memory hold it; None
-    when not even one block's does."""
+    """(threads, dynamic shared bytes) of a ring-tier block whose one ring holds ``nbytes``,
+    exactly one row: the most blocks per SM (up to RING_SPLIT) whose shares of the shared memory
+    hold it; None when not even one block's does."""
     for k in range(RING_SPLIT, 0, -1):
-        share = _share(smem_limit, k)
-        if nbytes <= share:
-            if RING_MAX_ROWS:
-                share = min(share, RING_MAX_ROWS * nbytes)
-            return (RING_BLOCK_SPLIT if k == RING_SPLIT else RING_BLOCK), share
+        if nbytes <= _share(smem_limit, k):
+            return (RING_BLOCK_SPLIT if k == RING_SPLIT else RING_BLOCK), nbytes
     return None
 
 
@@ -290,7 +277,9 @@ def _bwd_ring_shape(n: int, vec: int, itemsize: int, values: int, share: int, ma
     """(cluster, items, lag, shared bytes) of the backward's ring tier (cluster 1) or cluster
     tier: the smallest cluster (up to ``max_cluster``) whose blocks fit their slices; lag 1
     (the next row's pass 1 overlaps the cluster's exchange) where the ring holds two rows of
-    slices. None when no cluster fits or cp.async cannot copy the packs."""
+    slices. The ring is sized to whole rows of slices: what it leaves of the SM's 256 KB is L1,
+    where w stays (one block per SM either way: its registers take the register file). None
+    when no cluster fits or cp.async cannot copy the packs."""
     if not _async_copyable(vec, itemsize):
         return None
     cluster = 1
@@ -299,7 +288,7 @@ def _bwd_ring_shape(n: int, vec: int, itemsize: int, values: int, share: int, ma
         if got is not None:
             items, rows, row_bytes = got
             lag = int(cluster > 1 and rows >= 2)
-            return cluster, items, lag, _whole_rows(share, row_bytes)
+            return cluster, items, lag, rows * row_bytes
         cluster *= 2
     return None
 

@@ -39,7 +39,7 @@ def forced(cluster):
         if got is None:
             return None
         items, rows, row_bytes = got
-        return cluster, items, int(cluster > 1 and rows >= 2), _launch._whole_rows(share, row_bytes)
+        return cluster, items, int(cluster > 1 and rows >= 2), rows * row_bytes
 
     return shape
 
