@@ -8,21 +8,24 @@ enumerate every plan they can return and compile it). ``grid_size`` turns a plan
 persistent grid from the kernel's measured occupancy.
 
 Thresholds and why (H200, bf16, M*N = 2**27; scripts/tune.py, data in docs/):
-* register budget per thread for the row: 32 values (forward) / 16 (backward keeps x, dy and
-  the dw/db accumulators). Using the full budget (4 x 16-byte loads in flight per thread for
-  bf16) beat every smaller one measured: forward N=2048 3723 GB/s at 64 threads x 4 vectors
-  against 3546 at 128 x 2 and 2802 at 256 x 1; N=4096 3398 (128 x 4) against 3241 (256 x 2).
-  Forward rows that would need more than FWD_REG_BLOCK threads take twice the values (8
-  vectors): bf16 N=12288 3519 GB/s at 192 x 8 against 2873 for the ring tier, N=16384 3437 at
-  256 x 8 against 3205 at 512 x 4 (the kernels keep rows as loaded, 16-bit values taking half
-  a register each). Every variant stays under ptxas' limit with no spills
+* the row a thread keeps in registers: FWD_REG_ITEMS = 8 vectors in the forward (128 bytes in
+  16-byte vectors; 16-bit values stay as loaded, half a register each, so 32 registers for
+  every dtype), 16 values in the backward (which keeps x, dy and the dw/db accumulators).
+  Forward 16-bit rows in 16-byte vectors measured at 8 vectors against 4 (one run, best of 5):
+  bf16 N=768 3914 GB/s against 3584, 1024 3859 / 3729, 5120 3881 / 3589, 8192 3830 / 3702;
+  N=512 and 4096 0.8% behind, within run spread. Short batches with few rows per SM lose (fp16
+  M=4096: N=1024 1574 against 1733, N=3072 2549 / 2679): fewer, fuller blocks leave SMs idle.
+  Fewer vectors per thread lost before the launch bounds too (N=2048 3723 at 4 vectors against
+  3546 at 2, 2802 at 1). Every variant stays under ptxas' limit with no spills
   (tests/test_compile.py);
 * at least 4 threads per row: small rows still get several independent 16-byte loads per
   warp row instead of one thread walking a row;
 * 128 threads per block for the sub-warp tier (1.5% behind 256 at N=512/1024, within noise);
   wider rows get a block sized to the row in steps of 64 threads, up to 512 for the backward
   and double rows (1024-thread blocks cap a thread at 64 registers and ptxas spills them) and
-  up to 1024 for the forward of 16- and 32-bit rows, which the rows kept as loaded fit;
+  up to 1024 for the forward of 16- and 32-bit rows, which the rows kept as loaded fit. On
+  sm_90, forward rows in 16-byte vectors past 512 threads split over a thread-block cluster
+  instead (FWD_REG_CLUSTER_*);
 * the forward's launch bounds ask ptxas for FWD_REG_THREADS threads per SM (64 registers a
   thread), so registers do not hold occupancy down: bf16 N=32768 3216 GB/s at 2 blocks of 512
   per SM against 2807 at one (71 registers), float32 N=16384 3842 against 3599; bf16 N=65536
@@ -59,8 +62,7 @@ from dataclasses import dataclass
 from . import _compile
 from ._dtypes import acc_dtype, ctype
 
-FWD_REG_VALUES = 32
-FWD_REG_BLOCK = 256  # forward rows needing more threads at FWD_REG_VALUES take twice the values
+FWD_REG_ITEMS = 8  # forward: vectors of the row a thread keeps (128 bytes in 16-byte vectors)
 FWD_REG_THREADS = 1024  # forward launch bounds: threads per SM (16- and 32-bit rows)
 BWD_REG_AHEAD_BLOCK = 256  # 16-bit backward blocks this large copy the next row's x and dy ahead
 BWD_REG_VALUES = 16
@@ -71,6 +73,15 @@ SUBWARP_BLOCK = 128
 REG_BLOCK_STEP = 64  # block-per-row sizes: multiples of 64 threads...
 REG_BLOCK_MAX = 512  # ...up to 512 (1024 threads cap a thread at 64 registers: ptxas spills)
 FWD_REG_BLOCK_MAX = 1024  # ...up to 1024 for the forward of 16- and 32-bit rows
+# Forward 16/32-bit rows in 16-byte vectors whose register block would have more than
+# FWD_REG_CLUSTER_BLOCK threads split over a thread-block cluster of such blocks (sm_90,
+# ln_fwd_reg_cluster), up to FWD_REG_CLUSTER_MAX blocks: several blocks share an SM where one
+# would hold the whole row (H200, M*N = 2**27: bf16 N=65536 2858 GB/s against 2427 for one
+# 1024-thread block, bf16 x with float32 w/b 2844 / 2614; fp16 2977 / 3187, float32 N=32768
+# 3457 / 3470), and rows past one block's registers leave the staging tiers (bf16 N=131072 2600
+# against 1723, 262144 2334 / 1673; float32 N=40000 3116 / 2801, 65536 3080 / 2683).
+FWD_REG_CLUSTER_BLOCK = 512
+FWD_REG_CLUSTER_MAX = 8
 # Row tiers: 256 threads measured faster than 512 where two or more blocks share an SM and
 # overlap their phases (forward N=8192 1689 against 983 GB/s, backward N=12288 1478 against
 # 1039); where the staged row leaves room for one block per SM, the forward needs the 512
@@ -191,18 +202,25 @@ def forward_plan(n: int, x_dtype, w_dtype, b_dtype, vec: int, smem_limit: int,
     the largest thread-block cluster the device runs (1: none)."""
     tx, tw, tb = ctype(x_dtype), ctype(w_dtype), ctype(b_dtype)
     row_bytes = _staged(n, x_dtype.itemsize)
-    shape = _fwd_cluster(n, vec, x_dtype.itemsize, row_bytes, smem_limit, max_cluster)
-    if shape is not None:
-        cluster, b, smem = shape
-        expr = _compile.template("ln_fwd_cluster", tx, tw, tb, vec, b, cluster)
-        return Plan(_compile.FWD_SOURCE, expr, "cluster", vec, 0, b, b, 1, smem, cluster)
-    values = FWD_REG_VALUES * 4 // acc_dtype(x_dtype).itemsize
+    values = FWD_REG_ITEMS * vec
     # double x, w or b: 1024-thread blocks and 64 registers a thread spill
     wide = max(x_dtype.itemsize, w_dtype.itemsize, b_dtype.itemsize) > 4
     block_max = REG_BLOCK_MAX if wide else FWD_REG_BLOCK_MAX
-    shape = _reg_shape(n, vec, values, REG_BLOCK_MAX)
-    if shape is None or shape[2] > FWD_REG_BLOCK:
-        shape = _reg_shape(n, vec, 2 * values, block_max) or shape
+    shape = _reg_shape(n, vec, values, block_max)
+    # 16-byte vectors only: rows of narrower ones lost to one block or the ring tier (bf16
+    # N=16386, 2-element vectors: 1317 GB/s against 1943; float32 N=8193: 1465 against 2455)
+    wide16 = vec * x_dtype.itemsize == 16
+    split = _fwd_reg_cluster(n, vec, values, shape, max_cluster) if wide16 and not wide else None
+    if split is not None:
+        cluster, items, block = split
+        minb = max(1, FWD_REG_THREADS // block)
+        expr = _compile.template("ln_fwd_reg_cluster", tx, tw, tb, vec, items, block, cluster, minb)
+        return Plan(_compile.FWD_SOURCE, expr, "reg", vec, items, block, block, 1, 0, cluster)
+    ring_split = _fwd_cluster(n, vec, x_dtype.itemsize, row_bytes, smem_limit, max_cluster)
+    if ring_split is not None:
+        cluster, b, smem = ring_split
+        expr = _compile.template("ln_fwd_cluster", tx, tw, tb, vec, b, cluster)
+        return Plan(_compile.FWD_SOURCE, expr, "cluster", vec, 0, b, b, 1, smem, cluster)
     if shape is not None:
         tpr, items, block = shape
         minb = 1 if wide else max(1, FWD_REG_THREADS // block)
@@ -219,6 +237,23 @@ def forward_plan(n: int, x_dtype, w_dtype, b_dtype, vec: int, smem_limit: int,
     expr = _compile.template("ln_fwd_row", tx, tw, tb, vec, block, stage)
     smem = row_bytes if stage else 0
     return Plan(_compile.FWD_SOURCE, expr, "row", vec, 0, block, block, 1, smem)
+
+
+def _fwd_reg_cluster(n: int, vec: int, values: int, shape, max_cluster: int):
+    """(blocks per cluster, items, threads) of the forward's register tier split over a
+    thread-block cluster: None where one block of at most FWD_REG_CLUSTER_BLOCK threads holds
+    the row (``shape``, the one-block register shape, or None), else the fewest blocks (up to
+    ``max_cluster`` and FWD_REG_CLUSTER_MAX) whose slices of the row fit such blocks at
+    ``values`` values a thread."""
+    if shape is not None and shape[2] <= FWD_REG_CLUSTER_BLOCK:
+        return None
+    cluster = 2
+    while cluster <= min(max_cluster, FWD_REG_CLUSTER_MAX):
+        got = _reg_shape(_slice_packs(n, vec, cluster) * vec, vec, values, FWD_REG_CLUSTER_BLOCK)
+        if got is not None and got[0] == got[2] > 32:  # a block per slice
+            return cluster, got[1], got[2]
+        cluster *= 2
+    return None
 
 
 def _share(smem_limit: int, blocks: int = 1) -> int:
@@ -354,8 +389,8 @@ def forward_grid(m: int, plan: Plan, capacity: int) -> int:
     the hardware schedule them as resident blocks finish (bf16 N=16384 3831 GB/s against 3459
     for a persistent grid, N=512 3863 / 3560); the staging tiers keep their persistent grids
     (``capacity`` resident blocks, or clusters)."""
-    if plan.tier == "reg":
-        return max(1, min(_cdiv(m, plan.rows), MAX_GRID))
+    if plan.tier == "reg":  # clusters for a row split over one
+        return max(1, min(_cdiv(m, plan.rows), MAX_GRID // plan.cluster)) * plan.cluster
     return grid_size(m, plan.rows, capacity) * plan.cluster
 
 

@@ -44,7 +44,18 @@ def test_every_width_gets_a_valid_plan(dtype, smem):
                 assert plan.block % 32 == 0 and 32 <= plan.block <= 1024
                 assert plan.block % plan.tpr == 0 and plan.rows == plan.block // plan.tpr
                 fwd = plan.source != _compile.BWD_SOURCE
-                if plan.tier == "reg":
+                if plan.tier == "reg" and plan.cluster > 1:  # forward, a row over a cluster
+                    c, limit = plan.cluster, _launch.FWD_REG_CLUSTER_BLOCK
+                    packs = n // vec
+                    assert fwd and vec * dtype.itemsize == 16 and 1 < c <= CLUSTERS[smem]
+                    assert -(-packs // c) <= plan.block * plan.items, (plan, n)  # slices fit
+                    assert c == 2 or -(-packs // (c // 2)) > limit * plan.items  # fewest
+                    assert packs > limit * plan.items  # no one block of the limit holds it
+                    assert plan.tpr == plan.block <= limit and plan.items == _launch.FWD_REG_ITEMS
+                    minb = max(1, 1024 // plan.block)
+                    assert plan.expr.startswith("cupyln::ln_fwd_reg_cluster<")
+                    assert plan.expr.endswith(f", {plan.block}, {c}, {minb}>") and plan.smem == 0
+                elif plan.tier == "reg":
                     assert plan.tpr * plan.items * vec >= n, (plan, n)  # the row fits
                     assert plan.items * vec * acc_words <= budget, plan  # registers
                     assert plan.items <= _launch.MAX_ITEMS
@@ -91,19 +102,18 @@ def test_every_width_gets_a_valid_plan(dtype, smem):
                     assert n > _reg_block_max(fwd, dtype) * _launch.MAX_ITEMS * vec, (n, plan)
                     assert vec * dtype.itemsize >= 4, plan  # cp.async copies 4, 8 or 16 bytes
                     assert plan.expr.startswith("cupyln::ln_fwd_ring<")
-                if plan.tier != "cluster":
+                if plan.tier not in ("cluster", "reg"):
                     assert plan.cluster == 1
 
 
 def test_tiers_by_width():
     bf16 = [d for d in DTYPES if d.name == "bfloat16"][0]
     f32 = np.dtype(np.float32)
-    assert _launch.forward_plan(1024, bf16, bf16, bf16, 8, SMEM_H100).tpr == 32
+    assert _launch.forward_plan(1024, bf16, bf16, bf16, 8, SMEM_H100).tpr == 16
     assert _launch.forward_plan(4096, bf16, bf16, bf16, 8, SMEM_H100).tier == "reg"
-    # rows needing more than 256 threads at 32 values a thread take 64 (at most 8 vectors), in
-    # blocks of up to 1024 threads
+    # 8 vectors a thread, in blocks of up to 1024 threads (without clusters)
     for n, dt, vec, block, items in (
-        (8192, bf16, 8, 256, 4),
+        (8192, bf16, 8, 128, 8),
         (12288, bf16, 8, 192, 8),
         (32768, bf16, 8, 512, 8),
         (65536, bf16, 8, 1024, 8),
@@ -111,7 +121,21 @@ def test_tiers_by_width():
         (32768, f32, 4, 1024, 8),
     ):
         p = _launch.forward_plan(n, dt, dt, dt, vec, SMEM_H100)
-        assert (p.tier, p.block, p.items) == ("reg", block, items), (n, dt, p)
+        assert (p.tier, p.block, p.items, p.cluster) == ("reg", block, items, 1), (n, dt, p)
+    # on sm_90, rows of 16-byte vectors past 512 threads split over a cluster of blocks of at
+    # most 512 (the fewest blocks)
+    h100 = _launch.MAX_CLUSTER
+    for n, dt, vec, cluster, block in (
+        (65536, bf16, 8, 2, 512),
+        (32768, f32, 4, 2, 512),
+        (40000, f32, 4, 4, 320),
+        (65536, f32, 4, 4, 512),
+        (131072, bf16, 8, 4, 512),
+        (262144, bf16, 8, 8, 512),
+    ):
+        p = _launch.forward_plan(n, dt, dt, dt, vec, SMEM_H100, h100)
+        assert (p.tier, p.cluster, p.block, p.items) == ("reg", cluster, block, 8), (n, dt, p)
+    assert _launch.forward_plan(32768, bf16, bf16, bf16, 8, SMEM_H100, h100).cluster == 1
     # wider rows through the ring kernel: blocks of 256 threads while a row fits a third of the
     # shared memory, else of 512; each ring holds one row
     f64 = np.dtype(np.float64)
@@ -120,16 +144,21 @@ def test_tiers_by_width():
         (16384, f64, 2, 512),
         (65544, bf16, 8, 512),  # without clusters
         (36864, f32, 4, 512),
+        (16400, bf16, 2, 256),  # narrow vectors: no register clusters
     ):
-        p = _launch.forward_plan(n, dt, dt, dt, vec, SMEM_H100)
+        p = _launch.forward_plan(n, dt, dt, dt, vec, SMEM_H100, h100 if vec == 2 else 1)
         assert (p.tier, p.block, p.smem) == ("ring", block, n * dt.itemsize), (n, dt, p)
-    # rows too wide for one block's ring: split over the fewest blocks of a cluster whose
-    # slices fit rings of a third of the shared memory (sm_90)
-    for n, dt, vec, cluster in ((65536, f32, 4, 4), (131072, bf16, 8, 4), (262144, bf16, 8, 8)):
-        p = _launch.forward_plan(n, dt, dt, dt, vec, SMEM_H100, _launch.MAX_CLUSTER)
+    # rows too wide for one block's ring and not taken by the register clusters (narrower
+    # vectors, float64, past 8 blocks of registers): split over the fewest blocks of a cluster
+    # whose slices fit rings of a third of the shared memory (sm_90)
+    for n, dt, vec, cluster in (
+        (65536, f32, 2, 4),
+        (131076, bf16, 4, 4),
+        (270000, bf16, 8, 8),
+        (32768, f64, 2, 4),
+    ):
+        p = _launch.forward_plan(n, dt, dt, dt, vec, SMEM_H100, h100)
         assert (p.tier, p.cluster, p.block) == ("cluster", cluster, 256), (n, dt, p)
-    p = _launch.forward_plan(65544, bf16, bf16, bf16, 8, SMEM_H100, _launch.MAX_CLUSTER)
-    assert p.tier == "ring"  # one block's ring holds the row
     # backward: past the register tier (8192), x and dy staged in a ring with dw/db in registers
     # up to 16384; wider rows split over a cluster of such blocks (sm_90), else one block per
     # row (x and dy staged or re-read)
@@ -186,14 +215,20 @@ def test_forward_grid_per_tier():
     kernels' row loops take the rest); the staging tiers stay persistent, clusters counted in
     blocks."""
     bf16 = [d for d in DTYPES if d.name == "bfloat16"][0]
-    reg = _launch.forward_plan(1024, bf16, bf16, bf16, 8, SMEM_H100)  # 4 rows a block
-    assert reg.tier == "reg" and reg.rows == 4
+    reg = _launch.forward_plan(1024, bf16, bf16, bf16, 8, SMEM_H100)  # 8 rows a block
+    assert reg.tier == "reg" and reg.rows == 8
     assert _launch.forward_grid(1, reg, 528) == 1
-    assert _launch.forward_grid(10**6, reg, 528) == 250000  # past the resident capacity
+    assert _launch.forward_grid(10**6, reg, 528) == 125000  # past the resident capacity
     assert _launch.forward_grid(2**40, reg, 528) == 2**31 - 1
+    h100 = _launch.MAX_CLUSTER
+    split = _launch.forward_plan(131072, bf16, bf16, bf16, 8, SMEM_H100, h100)  # a cluster a row
+    assert split.tier == "reg" and split.cluster == 4
+    assert _launch.forward_grid(1, split, 33) == 4
+    assert _launch.forward_grid(10**6, split, 33) == 4 * 10**6
+    assert _launch.forward_grid(2**40, split, 33) == (2**31 - 1) // 4 * 4
     ring = _launch.forward_plan(65544, bf16, bf16, bf16, 8, SMEM_H100)
     assert ring.tier == "ring" and _launch.forward_grid(10**6, ring, 132) == 132
-    cl = _launch.forward_plan(131072, bf16, bf16, bf16, 8, SMEM_H100, _launch.MAX_CLUSTER)
+    cl = _launch.forward_plan(270000, bf16, bf16, bf16, 8, SMEM_H100, h100)
     assert cl.tier == "cluster" and _launch.forward_grid(10**6, cl, 33) == 33 * cl.cluster
 
 

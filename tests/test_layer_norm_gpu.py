@@ -28,10 +28,11 @@ if GPU_COUNT:
 DTYPES = [d.name for d in TABLE]
 # Widths: 1-3 tiny, 17/127 odd sub-warp rows, 760/769/1000/1128 not powers of two (769 forces the
 # scalar path), 1024/4096/8192/16384 tier edges, 8193/65537 one past them, 5120/12288 model
-# widths, 12288-65536 16-bit rows of 8 vectors a thread (32768/65536 forward: blocks of 512 and
-# 1024 threads), 4096-8192 16-bit backward rows copied ahead through shared memory, 8193
-# (float32) the ring tier, 32768/65536 the cluster tiers (every backward; the forward of float64
-# rows and of float32 at 65536), 262144 the re-read tier.
+# widths, 12288-65536 16-bit rows of 8 vectors a thread (32768/65536 forward: blocks of 512 and,
+# on sm_90, a cluster of two such blocks a row; float32 32768/65536 over 2/4 blocks),
+# 4096-8192 16-bit backward rows copied ahead through shared memory, 8193 (float32) the ring
+# tier, 32768/65536 the cluster tiers (every backward; the forward of float64 rows), 262144 the
+# re-read tier (the 16-bit forward: a cluster of 8 blocks of registers).
 NS = [1, 2, 3, 17, 64, 127, 512, 760, 769, 1000, 1024, 1128, 4096, 5120, 8192, 8193, 12288,
       16384, 32768, 65536, 65537, 262144]  # fmt: skip
 # Rows: 0 (empty), 1, 37 (fewer rows than SMs), 1151 (the tutorial's), 70000 (> 65535).
@@ -241,12 +242,15 @@ def test_nan_in_dy_stays_in_its_row_and_column(n):
 
 # Widths of the cluster tiers (sm_90) whose blocks get unequal slices of the row. Backward:
 # 32776 bf16 (4097 packs over 4 blocks), 16385 float32 (scalar packs over 4), 98304 bf16 (8
-# blocks); forward: 131080 bf16 (16385 packs over 4). Rows fewer than clusters (1, 37) leave
-# clusters without rows.
+# blocks); forward in registers: 131080 bf16 (16385 packs over 8 blocks of 320 threads), 40000
+# float32 (2500 packs a block, idle lanes); forward staged: 32770 float64 (16385 packs over 4).
+# Rows fewer than clusters (1, 37) leave clusters without rows.
 @pytest.mark.parametrize("m", [1, 37, 700])
 @pytest.mark.parametrize(
-    "n,dtype", [(32776, "bfloat16"), (16385, "float32"), (98304, "bfloat16"), (131080, "bfloat16")]
-)
+    "n,dtype",
+    [(32776, "bfloat16"), (16385, "float32"), (98304, "bfloat16"), (131080, "bfloat16"),
+     (40000, "float32"), (32770, "float64")],
+)  # fmt: skip
 def test_cluster_row_slices(m, n, dtype):
     run_and_check(*inputs((m, n), dtype, "float32", dtype))
 

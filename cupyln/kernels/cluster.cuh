@@ -118,4 +118,25 @@ struct ClusterExchange {
   }
 };
 
+// The row's statistics from C column slices: got[3p .. 3p+2] = (shift k_p, mean of x - k_p,
+// sum of squared deviations from the slice's mean) of slice p, which holds count(p) elements.
+// Returns mu, the row's mean minus k_0, and m2, its sum of squared deviations (Chan et al.'s
+// pairwise update in rank order, offsets taken against k_0: every block of the cluster gets
+// bitwise the same result, and no E[x^2] - E[x]^2).
+template <int C, typename A, typename Count>
+__device__ __forceinline__ void merge_slices(const A* got, const Count& count, const A n,
+                                             A& mu, A& m2) {
+  const A k0 = got[0];
+  mu = 0;
+#pragma unroll 1
+  for (int p = 0; p < C; ++p) mu += count(p) * ((got[3 * p] - k0) + got[3 * p + 1]);
+  mu /= n;
+  m2 = 0;
+#pragma unroll 1
+  for (int p = 0; p < C; ++p) {
+    const A dm = (got[3 * p] - k0) + got[3 * p + 1] - mu;
+    m2 += got[3 * p + 2] + count(p) * dm * dm;
+  }
+}
+
 }  // namespace cupyln

@@ -17,9 +17,11 @@
 // Rows are walked with a grid-stride loop (64-bit row offsets; any M with any grid: the launcher
 // gives the register tier a block per group of rows, the other tiers their resident capacity). Vector width VEC is chosen by the host so that N, the row
 // stride and every pointer are multiples of VEC elements (16-byte accesses where possible).
-// Rows past the register tier that fit shared memory take the ring tier, kernels/jagged.cu
-// ln_fwd_ring (the next rows load while one is reduced), and rows too wide for one block's ring
-// the cluster tier below (sm_90); cupyln/_launch.py chooses.
+// On sm_90, rows too wide for one block's registers at several blocks an SM split over a
+// thread-block cluster of register blocks (ln_fwd_reg_cluster). Other rows past the register
+// tier that fit shared memory take the ring tier, kernels/jagged.cu ln_fwd_ring (the next rows
+// load while one is reduced), and rows too wide for one block's ring the cluster tier below
+// (sm_90); cupyln/_launch.py chooses.
 #include "common.cuh"
 #include "ring.cuh"
 #include "cluster.cuh"
@@ -107,6 +109,97 @@ __global__ void __launch_bounds__(BLOCK, MINB)
     for (int i = 0; i < ITEMS; ++i) {
       const int col = (i * TPR + lane) * VEC;
       if (col < N) normalize_store<T, TW, TB, A, VEC>(raw[i], shift, mu, r, w, b, col, yr + col);
+    }
+  }
+}
+
+// Tier "reg" split over a cluster (sm_90): rows too wide for one block's registers at the
+// block size that lets several blocks share an SM.
+//   Clusters of C blocks of BLOCK threads; block k of a cluster holds the packs
+//   [k*P/C, (k+1)*P/C) of a row (P = N / VEC) in registers, ITEMS per thread, vector i of thread
+//   t at pack lo + i * BLOCK + t (ln_fwd_reg's layout with TPR == BLOCK). Each block forms its
+//   slice's exact statistics, shifted by the slice's first element, and the blocks exchange and
+//   merge them as ln_fwd_cluster does (bitwise the same mean and rstd in every block); then
+//   each writes y for its slice. A cluster per row: the launcher gives a cluster per row and
+//   the hardware starts clusters as others finish (the loop over rows takes what the grid
+//   limit leaves). MINB blocks per SM (launch bounds): one block's loads overlap another's
+//   reductions and stores, which a lone 1024-thread block holding the whole row cannot.
+// Limits: ceil(P / C) <= ITEMS * BLOCK, and P >= C (every block gets packs).
+template <typename T, typename TW, typename TB, int VEC, int ITEMS, int BLOCK, int C, int MINB>
+__global__ void CUPYLN_CLUSTER(C) __launch_bounds__(BLOCK, MINB)
+    ln_fwd_reg_cluster(const T* __restrict__ x, const i64 x_stride, T* __restrict__ y,
+                       const TW* __restrict__ w, const TB* __restrict__ b,
+                       typename AccOf<T>::type* __restrict__ mean,
+                       typename AccOf<T>::type* __restrict__ rstd, const i64 M, const int N,
+                       const typename AccOf<T>::type eps) {
+  typedef typename AccOf<T>::type A;
+  typedef Pack<T, VEC> P;
+  static_assert(BLOCK % 32 == 0 && BLOCK > 32 && BLOCK <= 1024 && C <= 32, "bad block");
+  __shared__ A red[2][BLOCK / 32];  // the slice's sum and sum of squared deviations
+  __shared__ A xch[2 * C * 3];
+  ClusterExchange<C, A, 3> exchange{xch};
+  const int t = threadIdx.x;
+  const unsigned rank = cluster_rank();
+  const int packs = N / VEC;  // per row
+  auto slice_start = [&](const unsigned k) {
+    return static_cast<int>(static_cast<i64>(k) * packs / C);
+  };
+  auto slice_count = [&](const int p) {
+    return A((slice_start(p + 1) - slice_start(p)) * VEC);
+  };
+  const int lo = slice_start(rank), nv = slice_start(rank + 1) - lo;  // this block's slice
+  cluster_sync();  // every block of the cluster runs before DSMEM is used
+
+  P raw[ITEMS];  // the slice's elements as loaded
+  for (i64 row = cluster_index(); row < M; row += cluster_count()) {
+    const T* __restrict__ xs = x + row * x_stride + static_cast<i64>(lo) * VEC;
+    const T first = xs[0];
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+      if (i * BLOCK + t < nv) raw[i] = reinterpret_cast<const P*>(xs)[i * BLOCK + t];
+    }
+    const A k = static_cast<A>(widen(first));  // the slice's shift
+    A s = 0;
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+      if (i * BLOCK + t < nv) {
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) s += static_cast<A>(widen(raw[i].v[e])) - k;
+      }
+    }
+    // (divisions once a row: a register held across the loop spills some variants)
+    const A d = group_sum<BLOCK, false>(s, red[0]) / A(nv * VEC);
+    A ss = 0;
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+      if (i * BLOCK + t < nv) {
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+          const A dev = static_cast<A>(widen(raw[i].v[e])) - k - d;
+          ss += dev * dev;
+        }
+      }
+    }
+    exchange.send({k, d, group_sum<BLOCK, false>(ss, red[1])});
+
+    const A* got = exchange.receive();
+    const A k0 = got[0];
+    A mu, m2;
+    merge_slices<C>(got, slice_count, A(N), mu, m2);
+    const A rs = rsqrt_acc(m2 / A(N) + eps);
+    if (mean != nullptr && rank == 0 && t == 0) {
+      mean[row] = k0 + mu;
+      rstd[row] = rs;
+    }
+
+    const A off = mu - (k - k0);  // the row's mean minus this slice's shift
+    T* __restrict__ ys = y + row * N + static_cast<i64>(lo) * VEC;
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+      const int v = i * BLOCK + t;
+      if (v < nv) {
+        normalize_store<T, TW, TB, A, VEC>(raw[i], k, off, rs, w, b, (lo + v) * VEC, ys + v * VEC);
+      }
     }
   }
 }
@@ -206,6 +299,9 @@ __global__ void CUPYLN_CLUSTER(C) __launch_bounds__(BLOCK, 1)
   auto slice_start = [&](const unsigned k) {
     return static_cast<int>(static_cast<i64>(k) * packs / C);
   };
+  auto slice_count = [&](const int p) {
+    return A((slice_start(p + 1) - slice_start(p)) * VEC);
+  };
   const int lo = slice_start(rank), nv = slice_start(rank + 1) - lo;  // this block's slice
   const A inv_nv = A(1) / A(nv * VEC), inv_n = A(1) / A(N);
   const i64 row_begin = static_cast<i64>(q) * M / nq;
@@ -243,20 +339,8 @@ __global__ void CUPYLN_CLUSTER(C) __launch_bounds__(BLOCK, 1)
     // merge the C slices in rank order: mu = mean - k_0, m2 = sum of squared deviations
     const A* got = exchange.receive();
     const A k0 = got[0];
-    A mu = 0;
-#pragma unroll
-    for (int p = 0; p < C; ++p) {
-      const A n_p = A((slice_start(p + 1) - slice_start(p)) * VEC);
-      mu += n_p * ((got[3 * p] - k0) + got[3 * p + 1]);
-    }
-    mu *= inv_n;
-    A m2 = 0;
-#pragma unroll
-    for (int p = 0; p < C; ++p) {
-      const A n_p = A((slice_start(p + 1) - slice_start(p)) * VEC);
-      const A dm = (got[3 * p] - k0) + got[3 * p + 1] - mu;
-      m2 += got[3 * p + 2] + n_p * dm * dm;
-    }
+    A mu, m2;
+    merge_slices<C>(got, slice_count, A(N), mu, m2);
     const A rs = rsqrt_acc(m2 * inv_n + eps);
     if (stats) {
       mean[row] = k0 + mu;
