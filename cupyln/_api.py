@@ -190,11 +190,18 @@ def _eps_code(x_dtype) -> str:
     return "d" if acc_dtype(x_dtype).itemsize == 8 else "f"
 
 
+def _forward_launch(device_id, m, n, x_dtype, w_dtype, b_dtype, vec):
+    """(launcher, plan, resident blocks) of the forward of M rows of N on this device."""
+    items = _launch.forward_items(m, n, vec, _device(device_id).sm_count)
+    return _forward_kernel(device_id, n, x_dtype, w_dtype, b_dtype, vec, items)
+
+
 @lru_cache(maxsize=4096)
-def _forward_launch(device_id, n, x_dtype, w_dtype, b_dtype, vec):
-    """(launcher, plan, resident blocks) of the forward for this problem on this device."""
+def _forward_kernel(device_id, n, x_dtype, w_dtype, b_dtype, vec, items):
     dev = _device(device_id)
-    plan = _launch.forward_plan(n, x_dtype, w_dtype, b_dtype, vec, dev.smem_optin, dev.max_cluster)
+    plan = _launch.forward_plan(
+        n, x_dtype, w_dtype, b_dtype, vec, dev.smem_optin, dev.max_cluster, items
+    )
     k = _get(plan.source, plan.expr, device_id, plan.smem)
     return (
         Launcher(k, _FWD_ARGS + _eps_code(x_dtype)),
@@ -290,10 +297,11 @@ def describe(x, w=None, b=None) -> dict:
     vec = _launch.vector_width(x.itemsize, n, (stride,), (x2.data.ptr,))
     wdt = x.dtype if w is None else w.dtype
     bdt = x.dtype if b is None else b.dtype
+    m = math.prod(x.shape[:-1])
     out = {}
     with _OnDevice(dev):
         for name, (k, plan, cap) in (
-            ("forward", _forward_launch(dev, n, x.dtype, wdt, bdt, vec)),
+            ("forward", _forward_launch(dev, m, n, x.dtype, wdt, bdt, vec)),
             ("backward", _backward_launch(dev, n, x.dtype, wdt, wdt, vec)[:3]),
         ):
             out[name] = (
@@ -313,7 +321,7 @@ def launch_forward(dev, m, n, x_ptr, x_stride, x_dtype, y_ptr, w_ptr, w_dtype, b
                    mean_ptr, rstd_ptr, eps, stream=None):  # fmt: skip
     """Forward of M >= 1 rows of N; y contiguous, mean/rstd of M values (both 0: not stored)."""
     vec = _vector_width(x_dtype.itemsize, n, (x_stride,), (x_ptr | y_ptr) & 15)
-    k, plan, cap = _forward_launch(dev, n, x_dtype, w_dtype, b_dtype, vec)
+    k, plan, cap = _forward_launch(dev, m, n, x_dtype, w_dtype, b_dtype, vec)
     k(_launch.forward_grid(m, plan, cap), plan.block, plan.smem,
       _current_stream() if stream is None else stream,
       x_ptr, x_stride, y_ptr, w_ptr, b_ptr, mean_ptr, rstd_ptr, m, n, eps)  # fmt: skip
@@ -482,7 +490,7 @@ def _forward_checked(x, w, b, eps, out):
             in_place = x2 is x and w2 is w and b2 is b
             if in_place and len(_forward_calls) < _MAX_CALLS:
                 vec = _vector_width(x.itemsize, n, (stride,), x.data.ptr & 15)
-                k, plan, cap = _forward_launch(dev, n, x.dtype, wdt, bdt, vec)
+                k, plan, cap = _forward_launch(dev, m, n, x.dtype, wdt, bdt, vec)
                 _forward_calls[(_akey(x), _vkey(w), _vkey(b))] = _Call(
                     dev,
                     m,

@@ -63,6 +63,8 @@ from . import _compile
 from ._dtypes import acc_dtype, ctype
 
 FWD_REG_ITEMS = 8  # forward: vectors of the row a thread keeps (128 bytes in 16-byte vectors)
+FWD_REG_ITEMS_SHORT = 4  # ...in launches of fewer than FWD_SHORT_WAVES waves at FWD_REG_ITEMS
+FWD_SHORT_WAVES = 12  # waves of FWD_REG_THREADS threads on every SM (forward_items)
 FWD_REG_THREADS = 1024  # forward launch bounds: threads per SM (16- and 32-bit rows)
 BWD_REG_AHEAD_BLOCK = 256  # 16-bit backward blocks this large copy the next row's x and dy ahead
 BWD_REG_VALUES = 16
@@ -196,17 +198,34 @@ def _reg_shape(n: int, vec: int, values: int, block_max: int):
     return None
 
 
+def forward_items(m: int, n: int, vec: int, sm_count: int) -> int:
+    """Vectors of its row each forward thread keeps for M rows of N: FWD_REG_ITEMS, or
+    FWD_REG_ITEMS_SHORT where the launch would have fewer than FWD_SHORT_WAVES waves of
+    FWD_REG_THREADS threads on every SM at FWD_REG_ITEMS, so that short batches spread over
+    more threads (fp16 M=4096: N=1024 1524 -> 1753 GB/s, N=4096 2740 -> 2954; M=16384 N=4096
+    3654 -> 3794; M=1151 N=1024 544 -> 726; 4 of the 21 short shapes measured lost, by up to 6%:
+    fp16 M=4096 N=2048, M=16384 N=512)."""
+    threads = m * _cdiv(n, vec * FWD_REG_ITEMS)
+    enough = threads >= FWD_SHORT_WAVES * sm_count * FWD_REG_THREADS
+    return FWD_REG_ITEMS if enough else FWD_REG_ITEMS_SHORT
+
+
 def forward_plan(n: int, x_dtype, w_dtype, b_dtype, vec: int, smem_limit: int,
-                 max_cluster: int = 1) -> Plan:  # fmt: skip
+                 max_cluster: int = 1, items: int = FWD_REG_ITEMS) -> Plan:  # fmt: skip
     """Kernel variant for the forward of rows of N elements of ``x_dtype``; ``max_cluster``:
-    the largest thread-block cluster the device runs (1: none)."""
+    the largest thread-block cluster the device runs (1: none); ``items``: vectors a thread of
+    the register tier keeps (forward_items), taken where one block of at most
+    FWD_REG_CLUSTER_BLOCK threads holds the row that way (else FWD_REG_ITEMS)."""
     tx, tw, tb = ctype(x_dtype), ctype(w_dtype), ctype(b_dtype)
     row_bytes = _staged(n, x_dtype.itemsize)
-    values = FWD_REG_ITEMS * vec
     # double x, w or b: 1024-thread blocks and 64 registers a thread spill
     wide = max(x_dtype.itemsize, w_dtype.itemsize, b_dtype.itemsize) > 4
     block_max = REG_BLOCK_MAX if wide else FWD_REG_BLOCK_MAX
-    shape = _reg_shape(n, vec, values, block_max)
+    shape = _reg_shape(n, vec, items * vec, block_max)
+    if items != FWD_REG_ITEMS and (shape is None or shape[2] > FWD_REG_CLUSTER_BLOCK):
+        items = FWD_REG_ITEMS
+        shape = _reg_shape(n, vec, items * vec, block_max)
+    values = items * vec
     # 16-byte vectors only: rows of narrower ones lost to one block or the ring tier (bf16
     # N=16386, 2-element vectors: 1317 GB/s against 1943; float32 N=8193: 1465 against 2455)
     wide16 = vec * x_dtype.itemsize == 16

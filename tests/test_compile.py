@@ -21,7 +21,8 @@ _REPORT = re.compile(
 
 
 def variants(x_dtype):
-    """{source: sorted expressions} over every width, vector width and shared-memory limit,
+    """{source: sorted expressions} over every width, vector width and shared-memory limit
+    (the forward's at both vector counts a thread keeps),
     plus every w/b dtype pairing for one register-tier, one row-tier and one ring-tier shape
     (the ring tier's kernel is in the jagged source) with and without clusters, and a backward
     register and cluster tier.
@@ -35,8 +36,12 @@ def variants(x_dtype):
                         _launch.forward_plan(
                             n, x_dtype, x_dtype, x_dtype, vec, smem, CLUSTERS[smem]
                         ),
+                        _launch.forward_plan(  # short launches
+                            n, x_dtype, x_dtype, x_dtype, vec, smem, CLUSTERS[smem],
+                            _launch.FWD_REG_ITEMS_SHORT,
+                        ),
                         _launch.backward_plan(n, x_dtype, x_dtype, vec, smem, CLUSTERS[smem]),
-                    ):
+                    ):  # fmt: skip
                         out[p.source].add(p.expr)
     for tw in DTYPES:
         for tb in DTYPES:

@@ -36,9 +36,11 @@ def test_every_width_gets_a_valid_plan(dtype, smem):
         for n in NS:
             if n % vec:
                 continue
+            c, short = CLUSTERS[smem], _launch.FWD_REG_ITEMS_SHORT
             for plan, budget in (
-                (_launch.forward_plan(n, dtype, dtype, dtype, vec, smem, CLUSTERS[smem]), 64),
-                (_launch.backward_plan(n, dtype, dtype, vec, smem, CLUSTERS[smem]), 16),
+                (_launch.forward_plan(n, dtype, dtype, dtype, vec, smem, c), 64),
+                (_launch.forward_plan(n, dtype, dtype, dtype, vec, smem, c, short), 64),
+                (_launch.backward_plan(n, dtype, dtype, vec, smem, c), 16),
             ):
                 assert plan.vec == vec
                 assert plan.block % 32 == 0 and 32 <= plan.block <= 1024
@@ -184,6 +186,21 @@ def test_tiers_by_width():
     huge = _launch.forward_plan(10**6, f32, f32, f32, 4, SMEM_H100)
     assert huge.tier == "row" and huge.smem == 0  # re-read: a slower path, not a wrong one
     assert "true" in staged.expr and "false" in huge.expr
+
+
+def test_short_launches_keep_fewer_vectors():
+    """8 vectors a forward thread where the launch has FWD_SHORT_WAVES waves of 1024 threads on
+    every SM, else 4, taken where one block of up to 512 threads still holds the row."""
+    bf16 = [d for d in DTYPES if d.name == "bfloat16"][0]
+    assert _launch.forward_items(2**27 // 1024, 1024, 8, 132) == 8
+    assert _launch.forward_items(4096, 1024, 8, 132) == 4
+    m = _launch.FWD_SHORT_WAVES * 132 * 1024 // 16  # 16 threads a row at 8 vectors
+    assert _launch.forward_items(m, 1024, 8, 132) == 8
+    assert _launch.forward_items(m - 1, 1024, 8, 132) == 4
+    assert _launch.forward_items(m - 1, 1024, 8, 66) == 8  # fewer SMs fill sooner
+    for n, items, block in ((1024, 4, 128), (16384, 4, 512), (32768, 8, 512)):
+        p = _launch.forward_plan(n, bf16, bf16, bf16, 8, SMEM_H100, _launch.MAX_CLUSTER, 4)
+        assert (p.tier, p.items, p.block, p.cluster) == ("reg", items, block, 1), (n, p)
 
 
 def test_vector_width():
