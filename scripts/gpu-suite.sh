@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# The GPU record: the whole test suite, `python -m cupyln check`, the bandwidth sweep, the host
+# The GPU record: the test suite, `python -m cupyln check`, the bandwidth sweep, the host
 # overhead, the training-step comparison and the jagged sweep, on a machine with a GPU and the
-# packages already installed (nothing is fetched). Writes $OUT (default ./.out)/pytest.log,
+# packages already installed (nothing is fetched). tests/test_compile.py, the CPU tier's NVRTC
+# build of every kernel variant (minutes of serial compilation, no GPU involved), is left to CI
+# and `python -m pytest tests/test_compile.py`. Writes $OUT (default ./.out)/pytest.log,
 # bench.log, bench_bf16.json and jagged.json; prints a short summary last.
 #   scripts/gpu-suite.sh [pytest args...]
 set -uo pipefail
@@ -13,7 +15,8 @@ export XLA_PYTHON_CLIENT_PREALLOCATE=false NCCL_NVLS_ENABLE=0
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
 python3 -m cupyln info
 workers=$(python3 -c "import xdist" 2>/dev/null && echo "-n 16" || echo "")
-timeout 420 python3 -m pytest -q -rs $workers --durations=10 -p no:cacheprovider "$@" 2>&1 \
+timeout 420 python3 -m pytest -q -rs $workers --durations=10 -p no:cacheprovider \
+  --deselect tests/test_compile.py "$@" 2>&1 \
   | tee "$OUT/pytest.log" | tail -25
 {
   python3 -m cupyln check
