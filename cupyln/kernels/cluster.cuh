@@ -118,24 +118,41 @@ struct ClusterExchange {
   }
 };
 
-// The row's statistics from C column slices: got[3p .. 3p+2] = (shift k_p, mean of x - k_p,
-// sum of squared deviations from the slice's mean) of slice p, which holds count(p) elements.
+// The column slices of a row of `packs` packs of VEC elements over the C blocks of a cluster:
+// block k takes the packs [start(k), start(k + 1)) = [k*P/C, (k+1)*P/C) (sizes differ by at
+// most one).
+template <int C, int VEC>
+struct ColumnSlices {
+  int packs;
+  __device__ __forceinline__ int start(const unsigned k) const {
+    return static_cast<int>(static_cast<i64>(k) * packs / C);
+  }
+  template <typename A>
+  __device__ __forceinline__ A elements(const int p) const {
+    return A((start(p + 1) - start(p)) * VEC);
+  }
+};
+
+// The row's statistics from its C column slices: got[3p .. 3p+2] = (shift k_p, mean of x - k_p,
+// sum of squared deviations from the slice's mean) of slice p; n = the row's elements.
 // Returns mu, the row's mean minus k_0, and m2, its sum of squared deviations (Chan et al.'s
 // pairwise update in rank order, offsets taken against k_0: every block of the cluster gets
 // bitwise the same result, and no E[x^2] - E[x]^2).
-template <int C, typename A, typename Count>
-__device__ __forceinline__ void merge_slices(const A* got, const Count& count, const A n,
-                                             A& mu, A& m2) {
+template <int C, int VEC, typename A>
+__device__ __forceinline__ void merge_slices(const A* got, const ColumnSlices<C, VEC>& slices,
+                                             const A n, A& mu, A& m2) {
   const A k0 = got[0];
   mu = 0;
 #pragma unroll 1
-  for (int p = 0; p < C; ++p) mu += count(p) * ((got[3 * p] - k0) + got[3 * p + 1]);
+  for (int p = 0; p < C; ++p) {
+    mu += slices.template elements<A>(p) * ((got[3 * p] - k0) + got[3 * p + 1]);
+  }
   mu /= n;
   m2 = 0;
 #pragma unroll 1
   for (int p = 0; p < C; ++p) {
     const A dm = (got[3 * p] - k0) + got[3 * p + 1] - mu;
-    m2 += got[3 * p + 2] + count(p) * dm * dm;
+    m2 += got[3 * p + 2] + slices.template elements<A>(p) * dm * dm;
   }
 }
 

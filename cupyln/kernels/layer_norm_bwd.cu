@@ -276,9 +276,8 @@ __device__ __forceinline__ void bwd_ring_rows(
   const unsigned q = C > 1 ? cluster_index() : blockIdx.x;
   const unsigned nq = C > 1 ? cluster_count() : gridDim.x;
   const unsigned rank = C > 1 ? cluster_rank() : 0;
-  const int packs = N / VEC;  // per row
-  const int lo = static_cast<int>(static_cast<i64>(rank) * packs / C);
-  const int nv = static_cast<int>(static_cast<i64>(rank + 1) * packs / C) - lo;  // this slice
+  const ColumnSlices<C, VEC> slices{N / VEC};
+  const int lo = slices.start(rank), nv = slices.start(rank + 1) - lo;  // this block's slice
   const A inv_n = A(1) / A(N);
   const i64 row_begin = static_cast<i64>(q) * M / nq;
   const i64 row_end = static_cast<i64>(q + 1) * M / nq;

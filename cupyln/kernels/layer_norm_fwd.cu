@@ -140,14 +140,8 @@ __global__ void CUPYLN_CLUSTER(C) __launch_bounds__(BLOCK, MINB)
   ClusterExchange<C, A, 3> exchange{xch};
   const int t = threadIdx.x;
   const unsigned rank = cluster_rank();
-  const int packs = N / VEC;  // per row
-  auto slice_start = [&](const unsigned k) {
-    return static_cast<int>(static_cast<i64>(k) * packs / C);
-  };
-  auto slice_count = [&](const int p) {
-    return A((slice_start(p + 1) - slice_start(p)) * VEC);
-  };
-  const int lo = slice_start(rank), nv = slice_start(rank + 1) - lo;  // this block's slice
+  const ColumnSlices<C, VEC> slices{N / VEC};
+  const int lo = slices.start(rank), nv = slices.start(rank + 1) - lo;  // this block's slice
   cluster_sync();  // every block of the cluster runs before DSMEM is used
 
   P raw[ITEMS];  // the slice's elements as loaded
@@ -185,7 +179,7 @@ __global__ void CUPYLN_CLUSTER(C) __launch_bounds__(BLOCK, MINB)
     const A* got = exchange.receive();
     const A k0 = got[0];
     A mu, m2;
-    merge_slices<C>(got, slice_count, A(N), mu, m2);
+    merge_slices(got, slices, A(N), mu, m2);
     const A rs = rsqrt_acc(m2 / A(N) + eps);
     if (mean != nullptr && rank == 0 && t == 0) {
       mean[row] = k0 + mu;
@@ -295,14 +289,8 @@ __global__ void CUPYLN_CLUSTER(C) __launch_bounds__(BLOCK, 1)
   ClusterExchange<C, A, 3> exchange{xch};
   const int t = threadIdx.x;
   const unsigned q = cluster_index(), nq = cluster_count(), rank = cluster_rank();
-  const int packs = N / VEC;  // per row
-  auto slice_start = [&](const unsigned k) {
-    return static_cast<int>(static_cast<i64>(k) * packs / C);
-  };
-  auto slice_count = [&](const int p) {
-    return A((slice_start(p + 1) - slice_start(p)) * VEC);
-  };
-  const int lo = slice_start(rank), nv = slice_start(rank + 1) - lo;  // this block's slice
+  const ColumnSlices<C, VEC> slices{N / VEC};
+  const int lo = slices.start(rank), nv = slices.start(rank + 1) - lo;  // this block's slice
   const A inv_nv = A(1) / A(nv * VEC), inv_n = A(1) / A(N);
   const i64 row_begin = static_cast<i64>(q) * M / nq;
   const i64 row_end = static_cast<i64>(q + 1) * M / nq;
@@ -340,7 +328,7 @@ __global__ void CUPYLN_CLUSTER(C) __launch_bounds__(BLOCK, 1)
     const A* got = exchange.receive();
     const A k0 = got[0];
     A mu, m2;
-    merge_slices<C>(got, slice_count, A(N), mu, m2);
+    merge_slices(got, slices, A(N), mu, m2);
     const A rs = rsqrt_acc(m2 * inv_n + eps);
     if (stats) {
       mean[row] = k0 + mu;
