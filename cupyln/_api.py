@@ -190,8 +190,10 @@ def _eps_code(x_dtype) -> str:
     return "d" if acc_dtype(x_dtype).itemsize == 8 else "f"
 
 
+@lru_cache(maxsize=4096)
 def _forward_launch(device_id, m, n, x_dtype, w_dtype, b_dtype, vec):
-    """(launcher, plan, resident blocks) of the forward of M rows of N on this device."""
+    """(launcher, plan, resident blocks) of the forward of M rows of N on this device: one
+    cache lookup per call for a shape seen before (the bridges launch through it each call)."""
     items = _launch.forward_items(m, n, vec, _device(device_id).sm_count)
     return _forward_kernel(device_id, n, x_dtype, w_dtype, b_dtype, vec, items)
 
