@@ -28,6 +28,18 @@ struct BwdRegBlocks {
   static constexpr int value = threads / BLOCK > 0 ? threads / BLOCK : 1;
 };
 
+// f(i, pack i of x's row xr, pack i of dy's row gr) for each vector slot i of the thread at
+// `lane` of its row's TPR threads that the row of N elements has (ln_bwd_reg's layout).
+template <int ITEMS, int TPR, int VEC, typename T, typename F>
+__device__ __forceinline__ void row_packs(const T* __restrict__ xr, const T* __restrict__ gr,
+                                          const int lane, const int N, F&& f) {
+#pragma unroll
+  for (int i = 0; i < ITEMS; ++i) {
+    const int col = (i * TPR + lane) * VEC;
+    if (col < N) f(i, xr + col, gr + col);
+  }
+}
+
 // Tier "reg": x and dy rows in registers, fused dx + dw/db.
 //   Layout as ln_fwd_reg (TPR threads per row, ITEMS vectors of VEC per thread). The grid is
 //   persistent (G = gridDim.x blocks walk the rows) and each thread keeps dw/db accumulators
@@ -71,18 +83,13 @@ __global__ void __launch_bounds__(BLOCK, BwdRegBlocks<T, ITEMS, BLOCK>::value)
   P rx[ITEMS], rg[ITEMS];  // the row's x and dy as loaded
   A mu_f = 0, r_f = 0;     // and its statistics
   auto fetch = [&](const i64 r) {
-    const T* __restrict__ xr = x + r * x_stride;
-    const T* __restrict__ gr = dy + r * dy_stride;
     mu_f = mean[r];
     r_f = rstd[r];
-#pragma unroll
-    for (int i = 0; i < ITEMS; ++i) {
-      const int col = (i * TPR + lane) * VEC;
-      if (col < N) {
-        rx[i] = *reinterpret_cast<const P*>(xr + col);
-        rg[i] = *reinterpret_cast<const P*>(gr + col);
-      }
-    }
+    row_packs<ITEMS, TPR, VEC>(x + r * x_stride, dy + r * dy_stride, lane, N,
+                               [&](const int i, const T* xp, const T* gp) {
+      rx[i] = *reinterpret_cast<const P*>(xp);
+      rg[i] = *reinterpret_cast<const P*>(gp);
+    });
   };
 
   // AHEAD: this thread's slots, x's vector i at sx[i * TPR] and dy's at sg[i * TPR]
@@ -92,18 +99,13 @@ __global__ void __launch_bounds__(BLOCK, BwdRegBlocks<T, ITEMS, BLOCK>::value)
   A mu_next = 0, r_next = 0;
   auto prefetch = [&](const i64 r) {
     if (r < M) {
-      const T* __restrict__ xr = x + r * x_stride;
-      const T* __restrict__ gr = dy + r * dy_stride;
       mu_next = mean[r];
       r_next = rstd[r];
-#pragma unroll
-      for (int i = 0; i < ITEMS; ++i) {
-        const int col = (i * TPR + lane) * VEC;
-        if (col < N) {
-          copy_async<sizeof(P)>(sx + i * TPR, xr + col);
-          copy_async<sizeof(P)>(sg + i * TPR, gr + col);
-        }
-      }
+      row_packs<ITEMS, TPR, VEC>(x + r * x_stride, dy + r * dy_stride, lane, N,
+                                 [&](const int i, const T* xp, const T* gp) {
+        copy_async<sizeof(P)>(sx + i * TPR, xp);
+        copy_async<sizeof(P)>(sg + i * TPR, gp);
+      });
     }
     commit_copies();
   };
@@ -132,14 +134,14 @@ __global__ void __launch_bounds__(BLOCK, BwdRegBlocks<T, ITEMS, BLOCK>::value)
     // per SM it keeps g from the first (KEEP_G: bf16 N=8192, 512 threads, 2811 GB/s against
     // 2645 reloading on H200).
     auto xhat = [&](const int i, const int k) {
-      return (static_cast<A>(widen(rx[i].v[k])) - mu) * r;
+      return (widen_at<A>(rx[i], k) - mu) * r;
     };
     auto unpack = [&](const int i, const int col, A (&xh)[VEC], A (&d)[VEC], A (&g)[VEC]) {
       if (w != nullptr) load_pack<A, TW, VEC>(w + col, g);
 #pragma unroll
       for (int k = 0; k < VEC; ++k) {
         xh[k] = xhat(i, k);
-        d[k] = static_cast<A>(widen(rg[i].v[k]));
+        d[k] = widen_at<A>(rg[i], k);
         g[k] = w != nullptr ? d[k] * g[k] : d[k];
       }
     };
@@ -305,8 +307,8 @@ __device__ __forceinline__ void bwd_ring_rows(
         if (ws != nullptr) load_pack<A, TW, VEC>(ws + v * VEC, p);
 #pragma unroll
         for (int k = 0; k < VEC; ++k) {
-          const A xhat = (static_cast<A>(widen(px.v[k])) - mu) * rs;
-          const A gk = static_cast<A>(widen(pg.v[k]));
+          const A xhat = (widen_at<A>(px, k) - mu) * rs;
+          const A gk = widen_at<A>(pg, k);
           dw_acc[i][k] += gk * xhat;
           db_acc[i][k] += gk;
           const A g = ws != nullptr ? gk * p[k] : gk;
@@ -334,9 +336,9 @@ __device__ __forceinline__ void bwd_ring_rows(
         if (ws != nullptr) load_pack<A, TW, VEC>(ws + v * VEC, p);
 #pragma unroll
         for (int k = 0; k < VEC; ++k) {
-          const A gk = static_cast<A>(widen(pg.v[k]));
+          const A gk = widen_at<A>(pg, k);
           const A g = ws != nullptr ? gk * p[k] : gk;
-          o[k] = rs * g + ((static_cast<A>(widen(px.v[k])) - mu) * k1 + k0);
+          o[k] = rs * g + ((widen_at<A>(px, k) - mu) * k1 + k0);
         }
         store_pack<T, A, VEC>(dxr + v * VEC, o);
       }
@@ -472,8 +474,8 @@ __global__ void __launch_bounds__(BLOCK, 1)
           if (w != nullptr) load_pack<A, TW, VEC>(w + col, p);
 #pragma unroll
           for (int k = 0; k < VEC; ++k) {
-            const A xhat = (static_cast<A>(widen(rx[u].v[k])) - mu) * r;
-            const A gk = static_cast<A>(widen(rg[u].v[k]));
+            const A xhat = (widen_at<A>(rx[u], k) - mu) * r;
+            const A gk = widen_at<A>(rg[u], k);
             const A g = w != nullptr ? gk * p[k] : gk;
             s1 += xhat * g;
             s2 += g;
