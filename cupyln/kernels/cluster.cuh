@@ -134,25 +134,35 @@ struct ColumnSlices {
 };
 
 // The row's statistics from its C column slices: got[3p .. 3p+2] = (shift k_p, mean of x - k_p,
-// sum of squared deviations from the slice's mean) of slice p; n = the row's elements.
-// Returns mu, the row's mean minus k_0, and m2, its sum of squared deviations (Chan et al.'s
-// pairwise update in rank order, offsets taken against k_0: every block of the cluster gets
-// bitwise the same result, and no E[x^2] - E[x]^2).
+// sum of squared deviations from the slice's mean) of slice p, as ClusterExchange received
+// them; n = the row's elements. Chan et al.'s pairwise update in rank order, offsets taken
+// against k_0, gives every block of the cluster bitwise the same mean and m2 (the row's sum of
+// squared deviations), with no E[x^2] - E[x]^2. Returns rs = 1 / sqrt(m2 / n + eps) and off =
+// the row's mean minus `k`, the calling block's shift; stores the mean and rs at *mean and
+// *rstd where `mean` is not null (one thread of the cluster passes them). Divisions, once a
+// row: a reciprocal held across the caller's loop over rows spills some variants.
 template <int C, int VEC, typename A>
 __device__ __forceinline__ void merge_slices(const A* got, const ColumnSlices<C, VEC>& slices,
-                                             const A n, A& mu, A& m2) {
+                                             const int n, const A eps, const A k, A& off,
+                                             A& rs, A* mean, A* rstd) {
   const A k0 = got[0];
-  mu = 0;
+  A mu = 0;  // the row's mean minus k0
 #pragma unroll 1
   for (int p = 0; p < C; ++p) {
     mu += slices.template elements<A>(p) * ((got[3 * p] - k0) + got[3 * p + 1]);
   }
-  mu /= n;
-  m2 = 0;
+  mu /= A(n);
+  A m2 = 0;
 #pragma unroll 1
   for (int p = 0; p < C; ++p) {
     const A dm = (got[3 * p] - k0) + got[3 * p + 1] - mu;
     m2 += got[3 * p + 2] + slices.template elements<A>(p) * dm * dm;
+  }
+  rs = rsqrt_acc(m2 / A(n) + eps);
+  off = mu - (k - k0);
+  if (mean != nullptr) {
+    *mean = k0 + mu;
+    *rstd = rs;
   }
 }
 

@@ -83,7 +83,7 @@ __global__ void __launch_bounds__(BLOCK, MINB)
     for (int i = 0; i < ITEMS; ++i) {
       if ((i * TPR + lane) * VEC < N) {
 #pragma unroll
-        for (int k = 0; k < VEC; ++k) s += static_cast<A>(widen(raw[i].v[k])) - shift;
+        for (int k = 0; k < VEC; ++k) s += widen_at<A>(raw[i], k) - shift;
       }
     }
     const A mu = group_sum<TPR, false>(s, red[0]) * inv_n;  // mean of (x - shift)
@@ -93,7 +93,7 @@ __global__ void __launch_bounds__(BLOCK, MINB)
       if ((i * TPR + lane) * VEC < N) {
 #pragma unroll
         for (int k = 0; k < VEC; ++k) {
-          const A d = static_cast<A>(widen(raw[i].v[k])) - shift - mu;
+          const A d = widen_at<A>(raw[i], k) - shift - mu;
           ss += d * d;
         }
       }
@@ -142,6 +142,7 @@ __global__ void CUPYLN_CLUSTER(C) __launch_bounds__(BLOCK, MINB)
   const unsigned rank = cluster_rank();
   const ColumnSlices<C, VEC> slices{N / VEC};
   const int lo = slices.start(rank), nv = slices.start(rank + 1) - lo;  // this block's slice
+  const bool stats = mean != nullptr && rank == 0 && t == 0;
   cluster_sync();  // every block of the cluster runs before DSMEM is used
 
   P raw[ITEMS];  // the slice's elements as loaded
@@ -158,7 +159,7 @@ __global__ void CUPYLN_CLUSTER(C) __launch_bounds__(BLOCK, MINB)
     for (int i = 0; i < ITEMS; ++i) {
       if (i * BLOCK + t < nv) {
 #pragma unroll
-        for (int e = 0; e < VEC; ++e) s += static_cast<A>(widen(raw[i].v[e])) - k;
+        for (int e = 0; e < VEC; ++e) s += widen_at<A>(raw[i], e) - k;
       }
     }
     // (divisions once a row: a register held across the loop spills some variants)
@@ -169,24 +170,16 @@ __global__ void CUPYLN_CLUSTER(C) __launch_bounds__(BLOCK, MINB)
       if (i * BLOCK + t < nv) {
 #pragma unroll
         for (int e = 0; e < VEC; ++e) {
-          const A dev = static_cast<A>(widen(raw[i].v[e])) - k - d;
+          const A dev = widen_at<A>(raw[i], e) - k - d;
           ss += dev * dev;
         }
       }
     }
     exchange.send({k, d, group_sum<BLOCK, false>(ss, red[1])});
 
-    const A* got = exchange.receive();
-    const A k0 = got[0];
-    A mu, m2;
-    merge_slices(got, slices, A(N), mu, m2);
-    const A rs = rsqrt_acc(m2 / A(N) + eps);
-    if (mean != nullptr && rank == 0 && t == 0) {
-      mean[row] = k0 + mu;
-      rstd[row] = rs;
-    }
-
-    const A off = mu - (k - k0);  // the row's mean minus this slice's shift
+    A off, rs;  // the row's mean minus this slice's shift, and its rstd
+    merge_slices(exchange.receive(), slices, N, eps, k, off, rs, stats ? mean + row : nullptr,
+                 rstd + row);
     T* __restrict__ ys = y + row * N + static_cast<i64>(lo) * VEC;
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
@@ -231,7 +224,7 @@ __global__ void __launch_bounds__(BLOCK, 1)
     walk_vectors<T, VEC, BLOCK, UNROLL>(xr, nv, threadIdx.x, [&](const i64 v, const P& pk) {
       if constexpr (STAGE) reinterpret_cast<P*>(stage)[v] = pk;
 #pragma unroll
-      for (int k = 0; k < VEC; ++k) s += static_cast<A>(widen(pk.v[k])) - shift;
+      for (int k = 0; k < VEC; ++k) s += widen_at<A>(pk, k) - shift;
     });
     const A mu = group_sum<BLOCK, false>(s, red[0]) * inv_n;
     const T* __restrict__ src = STAGE ? stage : xr;
@@ -240,7 +233,7 @@ __global__ void __launch_bounds__(BLOCK, 1)
     walk_vectors<T, VEC, BLOCK, UNROLL>(src, nv, threadIdx.x, [&](i64, const P& pk) {
 #pragma unroll
       for (int k = 0; k < VEC; ++k) {
-        const A d = static_cast<A>(widen(pk.v[k])) - shift - mu;
+        const A d = widen_at<A>(pk, k) - shift - mu;
         ss += d * d;
       }
     });
@@ -291,7 +284,7 @@ __global__ void CUPYLN_CLUSTER(C) __launch_bounds__(BLOCK, 1)
   const unsigned q = cluster_index(), nq = cluster_count(), rank = cluster_rank();
   const ColumnSlices<C, VEC> slices{N / VEC};
   const int lo = slices.start(rank), nv = slices.start(rank + 1) - lo;  // this block's slice
-  const A inv_nv = A(1) / A(nv * VEC), inv_n = A(1) / A(N);
+  const A inv_nv = A(1) / A(nv * VEC);
   const i64 row_begin = static_cast<i64>(q) * M / nq;
   const i64 row_end = static_cast<i64>(q + 1) * M / nq;
   const bool stats = mean != nullptr && rank == 0 && t == 0;
@@ -309,7 +302,7 @@ __global__ void CUPYLN_CLUSTER(C) __launch_bounds__(BLOCK, 1)
     for (int v = t, i = r.wrap(r.head + t); v < nv; v += BLOCK, i = r.wrap(i + BLOCK)) {
       const P pk = r.slot[i];
 #pragma unroll
-      for (int e = 0; e < VEC; ++e) s += static_cast<A>(widen(pk.v[e])) - k;
+      for (int e = 0; e < VEC; ++e) s += widen_at<A>(pk, e) - k;
     }
     // `red` alternates between its halves, and the previous row ended with a barrier
     const A d = group_sum<BLOCK, false>(s, red[0]) * inv_nv;
@@ -318,24 +311,15 @@ __global__ void CUPYLN_CLUSTER(C) __launch_bounds__(BLOCK, 1)
       const P pk = r.slot[i];
 #pragma unroll
       for (int e = 0; e < VEC; ++e) {
-        const A dev = static_cast<A>(widen(pk.v[e])) - k - d;
+        const A dev = widen_at<A>(pk, e) - k - d;
         ss += dev * dev;
       }
     }
     exchange.send({k, d, group_sum<BLOCK, false>(ss, red[1])});
 
-    // merge the C slices in rank order: mu = mean - k_0, m2 = sum of squared deviations
-    const A* got = exchange.receive();
-    const A k0 = got[0];
-    A mu, m2;
-    merge_slices(got, slices, A(N), mu, m2);
-    const A rs = rsqrt_acc(m2 * inv_n + eps);
-    if (stats) {
-      mean[row] = k0 + mu;
-      rstd[row] = rs;
-    }
-
-    const A off = mu - (k - k0);  // the row's mean minus this slice's shift
+    A off, rs;  // the row's mean minus this slice's shift, and its rstd
+    merge_slices(exchange.receive(), slices, N, eps, k, off, rs, stats ? mean + row : nullptr,
+                 rstd + row);
     T* __restrict__ yr = y + row * N + lo * VEC;
     for (int v = t, i = r.wrap(r.head + t); v < nv; v += BLOCK, i = r.wrap(i + BLOCK)) {
       normalize_store<T, TW, TB, A, VEC>(r.slot[i], k, off, rs, w, b, (lo + v) * VEC,
