@@ -100,12 +100,33 @@ struct alignas(sizeof(T) * VEC) Pack {
   T v[VEC];
 };
 
+// Element k of pk (k a compile-time constant after unrolling) widened to A.
+template <typename A, typename T, int VEC>
+__device__ __forceinline__ A widen_at(const Pack<T, VEC>& pk, const int k) {
+  return static_cast<A>(widen(pk.v[k]));
+}
+// A bf16 element is the high half of a float: read through the 32-bit word that holds it and
+// its neighbour, it costs one integer instruction (a shift for the low element, a mask for the
+// high one) where the element alone costs an extract and a shift. The 16-bit rows are bound by
+// the integer pipe (half the rate of the float one) more than by memory: on H200 the bf16
+// forward at N = 1024 issued on 73% of cycles, with 1.9x the instructions of Inductor's kernel.
+template <typename A, int VEC>
+__device__ __forceinline__ A widen_at(const Pack<bf16_t, VEC>& pk, const int k) {
+  if constexpr (VEC % 2 == 0) {
+    unsigned word;
+    memcpy(&word, &pk.v[k & ~1], sizeof(word));
+    return static_cast<A>(__uint_as_float(k & 1 ? word & 0xffff0000u : word << 16));
+  } else {
+    return static_cast<A>(widen(pk.v[k]));
+  }
+}
+
 // Loads VEC elements at p (aligned to VEC*sizeof(T)) and widens them to A.
 template <typename A, typename T, int VEC>
 __device__ __forceinline__ void load_pack(const T* __restrict__ p, A (&out)[VEC]) {
   const Pack<T, VEC> pk = *reinterpret_cast<const Pack<T, VEC>*>(p);
 #pragma unroll
-  for (int k = 0; k < VEC; ++k) out[k] = static_cast<A>(widen(pk.v[k]));
+  for (int k = 0; k < VEC; ++k) out[k] = widen_at<A>(pk, k);
 }
 
 // Narrows VEC values to T and stores them at p (aligned to VEC*sizeof(T)).
@@ -128,7 +149,7 @@ __device__ __forceinline__ void normalize_store(const Pack<T, VEC>& pk, const A 
                                                 T* __restrict__ dst) {
   A o[VEC], p[VEC];
 #pragma unroll
-  for (int e = 0; e < VEC; ++e) o[e] = (static_cast<A>(widen(pk.v[e])) - k - m) * rs;
+  for (int e = 0; e < VEC; ++e) o[e] = (widen_at<A>(pk, e) - k - m) * rs;
   if (w != nullptr) {
     load_pack<A, TW, VEC>(w + col, p);
 #pragma unroll

@@ -99,7 +99,7 @@ __device__ __forceinline__ A sum_vectors(const T* __restrict__ p, const i64 nv, 
   A sum = 0;
   walk_vectors<T, VEC, S, U>(p, nv, t, [&](i64, const Pack<T, VEC>& pk) {
 #pragma unroll
-    for (int k = 0; k < VEC; ++k) sum += static_cast<A>(widen(pk.v[k])) - k0;
+    for (int k = 0; k < VEC; ++k) sum += widen_at<A>(pk, k) - k0;
   });
   return sum;
 }
@@ -112,7 +112,7 @@ __device__ __forceinline__ A sq_dev_vectors(const T* __restrict__ p, const i64 n
   walk_vectors<T, VEC, S, U>(p, nv, t, [&](i64, const Pack<T, VEC>& pk) {
 #pragma unroll
     for (int k = 0; k < VEC; ++k) {
-      const A d = (static_cast<A>(widen(pk.v[k])) - k0) - mu;
+      const A d = (widen_at<A>(pk, k) - k0) - mu;
       sq += d * d;
     }
   });
@@ -137,7 +137,7 @@ __device__ __forceinline__ void apply_pack(const Pack<T, VEC>& pk, ColumnWalk& c
   }
 #pragma unroll
   for (int k = 0; k < VEC; ++k) {
-    const M xk = static_cast<M>(static_cast<A>(widen(pk.v[k])));
+    const M xk = static_cast<M>(widen_at<A>(pk, k));
     out[k] = static_cast<A>((xk - k0) - mu) * rs * wv[k] + bv[k];
   }
   store_pack<T, A, VEC>(dst, out);
@@ -239,7 +239,7 @@ __device__ __forceinline__ void ring_forward(
     for (int v = lane, i = r.wrap(r.head + lane); v < nv1; v += GROUP, i = r.wrap(i + GROUP)) {
       const P pk = r.slot[i];
 #pragma unroll
-      for (int k = 0; k < VEC; ++k) sum += static_cast<A>(widen(pk.v[k]));
+      for (int k = 0; k < VEC; ++k) sum += widen_at<A>(pk, k);
     }
     const A mu0 = group_sum<GROUP>(sum, red) / static_cast<A>(D);
     A s1 = 0, s2 = 0;
@@ -247,7 +247,7 @@ __device__ __forceinline__ void ring_forward(
       const P pk = r.slot[i];
 #pragma unroll
       for (int k = 0; k < VEC; ++k) {
-        const A d = static_cast<A>(widen(pk.v[k])) - mu0;
+        const A d = widen_at<A>(pk, k) - mu0;
         s1 += d;
         s2 += d * d;
       }
@@ -522,8 +522,8 @@ __device__ __forceinline__ void bwd_sums(const T* __restrict__ dy, const T* __re
         }
 #pragma unroll
         for (int k = 0; k < VEC; ++k) {
-          const A wdy = wv[k] * static_cast<A>(widen(pg[u].v[k]));
-          s1 += wdy * (static_cast<A>(widen(px[u].v[k])) - mu) * rs;
+          const A wdy = wv[k] * widen_at<A>(pg[u], k);
+          s1 += wdy * (widen_at<A>(px[u], k) - mu) * rs;
           s2 += wdy;
         }
       }
