@@ -3,9 +3,10 @@
 ``cupy.RawKernel.__call__`` inspects and converts every argument on each call (about 12 µs for
 ten arguments). A ``Launcher`` instead knows its kernel's parameter layout (a ``struct`` format:
 ``Q`` a pointer, ``q`` int64, ``i`` int32, ``f``/``d`` float/double) and packs the values into
-a buffer laid out as the C parameters are (native alignment), then calls ``cuLaunchKernel``
-with pointers into that buffer. The driver copies the parameters before it returns, so the
-buffer is reused; each thread has its own, because the launch releases the GIL.
+a buffer laid out as the C parameters are (native alignment), then hands ``cuLaunchKernel``
+that one buffer (``extra``: CU_LAUNCH_PARAM_BUFFER_POINTER / _SIZE) instead of a pointer per
+parameter. The driver copies the parameters before it returns, so the buffer is reused; each
+thread has its own, because the launch releases the GIL.
 """
 
 from __future__ import annotations
@@ -28,16 +29,26 @@ def _driver():
     return _module[0]
 
 
+# cuda.h: the `extra` options of cuLaunchKernel that pass all parameters as one buffer
+_PARAM_BUFFER_POINTER, _PARAM_BUFFER_SIZE, _PARAM_END = 1, 2, 0
+
+
 class _Buffer:
     """One thread's argument buffer for one parameter layout."""
 
-    __slots__ = ("pack", "params", "_data")
+    __slots__ = ("pack", "extra", "_data", "_size", "_options")
 
-    def __init__(self, layout: struct.Struct, offsets: tuple[int, ...]):
+    def __init__(self, layout: struct.Struct):
         self._data = ctypes.create_string_buffer(max(8, layout.size))  # malloc: 16-aligned
-        base = ctypes.addressof(self._data)
-        params = (ctypes.c_void_p * len(offsets))(*(base + o for o in offsets))
-        self.params = (params, ctypes.addressof(params))  # keep the array alive with its address
+        self._size = ctypes.c_size_t(layout.size)
+        self._options = (ctypes.c_void_p * 5)(
+            _PARAM_BUFFER_POINTER,
+            ctypes.addressof(self._data),
+            _PARAM_BUFFER_SIZE,
+            ctypes.addressof(self._size),
+            _PARAM_END,
+        )
+        self.extra = ctypes.addressof(self._options)  # the arrays live as long as the buffer
         data = self._data
         self.pack = lambda *values: layout.pack_into(data, 0, *values)
 
@@ -45,23 +56,19 @@ class _Buffer:
 class Launcher:
     """Launches one compiled kernel (a ``cupy.RawKernel``) whose parameters have ``fmt``."""
 
-    __slots__ = ("kernel", "fmt", "_func", "_layout", "_offsets", "_local")
+    __slots__ = ("kernel", "fmt", "_func", "_layout", "_local")
 
     def __init__(self, kernel, fmt: str):
         self.kernel = kernel
         self.fmt = fmt
         self._func = kernel.kernel.ptr
-        self._layout = struct.Struct("@" + fmt)
-        self._offsets = tuple(
-            struct.calcsize("@" + fmt[: i + 1]) - struct.calcsize("@" + c)
-            for i, c in enumerate(fmt)
-        )
+        self._layout = struct.Struct("@" + fmt)  # C's layout: each value at its alignment
         self._local = threading.local()
 
     def _buffer(self) -> _Buffer:
         buf = getattr(self._local, "buf", None)
         if buf is None:
-            buf = self._local.buf = _Buffer(self._layout, self._offsets)
+            buf = self._local.buf = _Buffer(self._layout)
         return buf
 
     def __call__(self, grid, block, smem: int, stream: int, *args) -> None:
@@ -71,7 +78,7 @@ class Launcher:
         buf.pack(*args)
         gx, gy = (grid, 1) if isinstance(grid, int) else grid
         bx, by = (block, 1) if isinstance(block, int) else block
-        _driver().launchKernel(self._func, gx, gy, 1, bx, by, 1, smem, stream, buf.params[1], 0)
+        _driver().launchKernel(self._func, gx, gy, 1, bx, by, 1, smem, stream, 0, buf.extra)
 
 
 class _LaunchConfig(ctypes.Structure):
