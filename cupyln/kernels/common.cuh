@@ -5,7 +5,8 @@
 //
 //   * element types: half_t, bf16_t (storage only), float, double;
 //   * Acc<T>: the arithmetic type (double for double input, float for everything else);
-//   * widen / narrow: element <-> arithmetic conversions (round-to-nearest-even);
+//   * widen / narrow: element <-> arithmetic conversions (round-to-nearest-even); widen_at:
+//     element k of a pack (bf16 through the 32-bit word holding it: one instruction);
 //   * load_pack / store_pack: VEC consecutive elements in one access of VEC*sizeof(T) bytes
 //     (the caller guarantees that alignment); normalize_store: one pack's y, scaled and shifted;
 //   * walk_vectors: a group's strided walk over the packs of a span, U loads in flight;

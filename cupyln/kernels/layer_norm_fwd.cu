@@ -15,8 +15,9 @@
 // Block-wide sums alternate between two shared buffers (mean, variance), so each costs one
 // barrier: two per row.
 // Rows are walked with a grid-stride loop (64-bit row offsets; any M with any grid: the launcher
-// gives the register tier a block per group of rows, the other tiers their resident capacity). Vector width VEC is chosen by the host so that N, the row
-// stride and every pointer are multiples of VEC elements (16-byte accesses where possible).
+// gives the register tier a block per group of rows, the other tiers their resident capacity).
+// Vector width VEC is chosen by the host so that N, the row stride and every pointer are
+// multiples of VEC elements (16-byte accesses where possible).
 // On sm_90, rows too wide for one block's registers at several blocks an SM split over a
 // thread-block cluster of register blocks (ln_fwd_reg_cluster). Other rows past the register
 // tier that fit shared memory take the ring tier, kernels/jagged.cu ln_fwd_ring (the next rows
@@ -36,11 +37,12 @@ namespace cupyln {
 //   All of a row's loads are issued before the first is used, so each thread has ITEMS * 16
 //   bytes in flight. The row stays in registers as loaded and each of the three passes widens
 //   it again: for 16-bit T that is half the registers of float copies, so more rows fit an SM
-//   (bf16 N=8192 3500 GB/s against 2900 with float copies on H200; the conversions are free
-//   next to the memory time). Loading the next row ahead of the current row's reductions was
-//   measured slower, into registers (they cost more occupancy than the overlap gains) and with
-//   cp.async into shared memory (bf16 N=12288 2879 GB/s against 3479; float32 N=32768 at 1024
-//   threads 3077 against 3560).
+//   (bf16 N=8192 3500 GB/s against 2900 with float copies on H200). The conversions are not
+//   free: 16-bit rows are bound by issuing instructions (Nsight Compute, bf16 N=1024: 73% of
+//   cycles issuing), so packs are widened element by element through widen_at. Loading the
+//   next row ahead of the current row's reductions was measured slower, into registers (they
+//   cost more occupancy than the overlap gains) and with cp.async into shared memory (bf16
+//   N=12288 2879 GB/s against 3479; float32 N=32768 at 1024 threads 3077 against 3560).
 //   MINB: blocks per SM asked of ptxas (launch bounds), so registers do not cap occupancy
 //   (bf16 N=32768, 512 threads: 2 blocks at 64 registers, 3216 GB/s against 2807 with 1 at 71).
 // Limits: N <= TPR * ITEMS * VEC; registers grow with ITEMS * VEC (the launcher keeps it <= 64
