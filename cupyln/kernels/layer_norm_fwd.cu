@@ -29,6 +29,37 @@
 
 namespace cupyln {
 
+// The sums over the packs a thread holds in registers (slot i where held(i)): of x - k, and of
+// the squared deviations (x - k - d)^2; k a shift near the data, d the mean of x - k.
+template <typename A, typename T, int VEC, int ITEMS, typename Held>
+__device__ __forceinline__ A held_sum(const Pack<T, VEC> (&raw)[ITEMS], const A k, Held held) {
+  A s = 0;
+#pragma unroll
+  for (int i = 0; i < ITEMS; ++i) {
+    if (held(i)) {
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) s += widen_at<A>(raw[i], e) - k;
+    }
+  }
+  return s;
+}
+template <typename A, typename T, int VEC, int ITEMS, typename Held>
+__device__ __forceinline__ A held_squares(const Pack<T, VEC> (&raw)[ITEMS], const A k, const A d,
+                                          Held held) {
+  A ss = 0;
+#pragma unroll
+  for (int i = 0; i < ITEMS; ++i) {
+    if (held(i)) {
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        const A dev = widen_at<A>(raw[i], e) - k - d;
+        ss += dev * dev;
+      }
+    }
+  }
+  return ss;
+}
+
 // Tier "reg": the row lives in registers.
 //   TPR threads share a row, each holding ITEMS vectors of VEC elements, vector i of thread t at
 //   columns [(i * TPR + t) * VEC, +VEC) (so a warp's accesses to one vector slot are contiguous).
@@ -80,26 +111,9 @@ __global__ void __launch_bounds__(BLOCK, MINB)
   for (i64 row = static_cast<i64>(blockIdx.x) * ROWS + threadIdx.x / TPR; row < M; row += step) {
     fetch(row);
     const A shift = static_cast<A>(widen(first));
-    A s = 0;
-#pragma unroll
-    for (int i = 0; i < ITEMS; ++i) {
-      if ((i * TPR + lane) * VEC < N) {
-#pragma unroll
-        for (int k = 0; k < VEC; ++k) s += widen_at<A>(raw[i], k) - shift;
-      }
-    }
-    const A mu = group_sum<TPR, false>(s, red[0]) * inv_n;  // mean of (x - shift)
-    A ss = 0;
-#pragma unroll
-    for (int i = 0; i < ITEMS; ++i) {
-      if ((i * TPR + lane) * VEC < N) {
-#pragma unroll
-        for (int k = 0; k < VEC; ++k) {
-          const A d = widen_at<A>(raw[i], k) - shift - mu;
-          ss += d * d;
-        }
-      }
-    }
+    auto held = [&](const int i) { return (i * TPR + lane) * VEC < N; };
+    const A mu = group_sum<TPR, false>(held_sum(raw, shift, held), red[0]) * inv_n;
+    const A ss = held_squares(raw, shift, mu, held);
     const A r = rsqrt_acc(group_sum<TPR, false>(ss, red[1]) * inv_n + eps);
     if (lane == 0 && mean != nullptr) {
       mean[row] = shift + mu;
@@ -156,28 +170,10 @@ __global__ void CUPYLN_CLUSTER(C) __launch_bounds__(BLOCK, MINB)
       if (i * BLOCK + t < nv) raw[i] = reinterpret_cast<const P*>(xs)[i * BLOCK + t];
     }
     const A k = static_cast<A>(widen(first));  // the slice's shift
-    A s = 0;
-#pragma unroll
-    for (int i = 0; i < ITEMS; ++i) {
-      if (i * BLOCK + t < nv) {
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) s += widen_at<A>(raw[i], e) - k;
-      }
-    }
+    auto held = [&](const int i) { return i * BLOCK + t < nv; };
     // (divisions once a row: a register held across the loop spills some variants)
-    const A d = group_sum<BLOCK, false>(s, red[0]) / A(nv * VEC);
-    A ss = 0;
-#pragma unroll
-    for (int i = 0; i < ITEMS; ++i) {
-      if (i * BLOCK + t < nv) {
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) {
-          const A dev = widen_at<A>(raw[i], e) - k - d;
-          ss += dev * dev;
-        }
-      }
-    }
-    exchange.send({k, d, group_sum<BLOCK, false>(ss, red[1])});
+    const A d = group_sum<BLOCK, false>(held_sum(raw, k, held), red[0]) / A(nv * VEC);
+    exchange.send({k, d, group_sum<BLOCK, false>(held_squares(raw, k, d, held), red[1])});
 
     A off, rs;  // the row's mean minus this slice's shift, and its rstd
     merge_slices(exchange.receive(), slices, N, eps, k, off, rs, stats ? mean + row : nullptr,
