@@ -368,13 +368,15 @@ __device__ __forceinline__ void for_long_in_chunk(const I* __restrict__ off, con
   }
 }
 
-template <typename T, typename I, int VEC, int BLOCK>
-__global__ void __launch_bounds__(BLOCK, 1)
-    jag_fwd_partial(const T* __restrict__ x, const I* __restrict__ off, const i64 B, const int D,
-                    const i64 R, const i64 cap, Part* __restrict__ part,
-                    const unsigned* __restrict__ has_long) {
-  typedef typename AccOf<T>::type A;
-  __shared__ A red[BLOCK / 32];
+// The long path's walk over chunks: chunk c holds rows [c*R, (c+1)*R) of the off[B] rows, and
+// block b takes the chunks c = b, b + gridDim.x, ... For each, f(c, slot, s, r0, r1) runs for
+// the rows [r0, r1) of every long sequence s inside it (for_long_in_chunk; slot counts them from
+// 0, at most 2), then end(c, slots). Nothing when the check found no long sequence.
+template <typename I, typename F, typename E>
+__device__ __forceinline__ void for_long_chunks(const I* __restrict__ off, const i64 B,
+                                                const int D, const i64 R, const i64 cap,
+                                                const unsigned* __restrict__ has_long, F f,
+                                                E end) {
   if (*has_long == 0u) return;  // every sequence took the block-per-sequence path
   const i64 total = off[B];
   const i64 chunks = (total + R - 1) / R;
@@ -382,24 +384,41 @@ __global__ void __launch_bounds__(BLOCK, 1)
     const i64 row0 = c * R, row1 = row0 + R < total ? row0 + R : total;
     int slot = 0;
     for_long_in_chunk(off, B, D, cap, row0, row1, [&](i64 s, i64 r0, i64 r1) {
-      const i64 cnt = (r1 - r0) * D;
-      const int nv = static_cast<int>(cnt / VEC);
-      const T* p = x + r0 * D;
-      const A k0 = static_cast<A>(widen(p[0]));
-      const A mu =
-          group_sum<BLOCK>(sum_vectors<T, A, VEC, BLOCK>(p, nv, k0, threadIdx.x), red) /
-          static_cast<A>(cnt);
-      const A m2 =
-          group_sum<BLOCK>(sq_dev_vectors<T, A, VEC, BLOCK>(p, nv, k0, mu, threadIdx.x), red);
-      if (threadIdx.x == 0) {
-        part[2 * c + slot] = Part{s, double(cnt), double(k0) + double(mu), double(m2)};
-      }
+      f(c, slot, s, r0, r1);
       ++slot;
     });
-    if (threadIdx.x == 0) {
-      for (; slot < 2; ++slot) part[2 * c + slot].seq = -1;
-    }
+    end(c, slot);
   }
+}
+
+template <typename T, typename I, int VEC, int BLOCK>
+__global__ void __launch_bounds__(BLOCK, 1)
+    jag_fwd_partial(const T* __restrict__ x, const I* __restrict__ off, const i64 B, const int D,
+                    const i64 R, const i64 cap, Part* __restrict__ part,
+                    const unsigned* __restrict__ has_long) {
+  typedef typename AccOf<T>::type A;
+  __shared__ A red[BLOCK / 32];
+  for_long_chunks(
+      off, B, D, R, cap, has_long,
+      [&](i64 c, int slot, i64 s, i64 r0, i64 r1) {
+        const i64 cnt = (r1 - r0) * D;
+        const int nv = static_cast<int>(cnt / VEC);
+        const T* p = x + r0 * D;
+        const A k0 = static_cast<A>(widen(p[0]));
+        const A mu =
+            group_sum<BLOCK>(sum_vectors<T, A, VEC, BLOCK>(p, nv, k0, threadIdx.x), red) /
+            static_cast<A>(cnt);
+        const A m2 =
+            group_sum<BLOCK>(sq_dev_vectors<T, A, VEC, BLOCK>(p, nv, k0, mu, threadIdx.x), red);
+        if (threadIdx.x == 0) {
+          part[2 * c + slot] = Part{s, double(cnt), double(k0) + double(mu), double(m2)};
+        }
+      },
+      [&](i64 c, int slot) {
+        if (threadIdx.x == 0) {
+          for (; slot < 2; ++slot) part[2 * c + slot].seq = -1;
+        }
+      });
 }
 
 // Chan's combination of (n, mean, M2) with another share.
@@ -473,17 +492,14 @@ __global__ void __launch_bounds__(BLOCK, 1)
                   const typename AccOf<T>::type* __restrict__ rstd,
                   const unsigned* __restrict__ has_long) {
   typedef typename AccOf<T>::type A;
-  if (*has_long == 0u) return;
-  const i64 total = off[B];
-  const i64 chunks = (total + R - 1) / R;
-  for (i64 c = blockIdx.x; c < chunks; c += gridDim.x) {
-    const i64 row0 = c * R, row1 = row0 + R < total ? row0 + R : total;
-    for_long_in_chunk(off, B, D, cap, row0, row1, [&](i64 s, i64 r0, i64 r1) {
-      apply_vectors<T, TW, TB, A, double, VEC, BLOCK>(x + r0 * D, y + r0 * D, (r1 - r0) * D / VEC,
-                                                      D, 0.0, mean64[s], rstd[s], w, b,
-                                                      threadIdx.x);
-    });
-  }
+  for_long_chunks(
+      off, B, D, R, cap, has_long,
+      [&](i64, int, i64 s, i64 r0, i64 r1) {
+        apply_vectors<T, TW, TB, A, double, VEC, BLOCK>(x + r0 * D, y + r0 * D,
+                                                        (r1 - r0) * D / VEC, D, 0.0, mean64[s],
+                                                        rstd[s], w, b, threadIdx.x);
+      },
+      [](i64, int) {});
 }
 
 // ============================================================================ backward
@@ -595,25 +611,21 @@ __global__ void __launch_bounds__(BLOCK, 1)
                     const unsigned* __restrict__ has_long) {
   typedef typename AccOf<T>::type A;
   __shared__ A red[2 * (BLOCK / 32)];
-  if (*has_long == 0u) return;
-  const i64 total = off[B];
-  const i64 chunks = (total + R - 1) / R;
-  for (i64 c = blockIdx.x; c < chunks; c += gridDim.x) {
-    const i64 row0 = c * R, row1 = row0 + R < total ? row0 + R : total;
-    int slot = 0;
-    for_long_in_chunk(off, B, D, cap, row0, row1, [&](i64 s, i64 r0, i64 r1) {
-      const i64 cnt = (r1 - r0) * D;
-      A s1, s2;
-      bwd_sums<T, TW, A, VEC, BLOCK, false>(dy + r0 * D, x + r0 * D, int(cnt / VEC), D, w, mean[s],
-                                            rstd[s], nullptr, nullptr, s1, s2);
-      group_sum2<BLOCK>(s1, s2, red);
-      if (threadIdx.x == 0) part[2 * c + slot] = Part{s, double(cnt), double(s1), double(s2)};
-      ++slot;
-    });
-    if (threadIdx.x == 0) {
-      for (; slot < 2; ++slot) part[2 * c + slot].seq = -1;
-    }
-  }
+  for_long_chunks(
+      off, B, D, R, cap, has_long,
+      [&](i64 c, int slot, i64 s, i64 r0, i64 r1) {
+        const i64 cnt = (r1 - r0) * D;
+        A s1, s2;
+        bwd_sums<T, TW, A, VEC, BLOCK, false>(dy + r0 * D, x + r0 * D, int(cnt / VEC), D, w,
+                                              mean[s], rstd[s], nullptr, nullptr, s1, s2);
+        group_sum2<BLOCK>(s1, s2, red);
+        if (threadIdx.x == 0) part[2 * c + slot] = Part{s, double(cnt), double(s1), double(s2)};
+      },
+      [&](i64 c, int slot) {
+        if (threadIdx.x == 0) {
+          for (; slot < 2; ++slot) part[2 * c + slot].seq = -1;
+        }
+      });
 }
 
 template <typename T, typename TW, typename I, int VEC, int BLOCK>
@@ -626,16 +638,14 @@ __global__ void __launch_bounds__(BLOCK, 1)
                   const typename AccOf<T>::type* __restrict__ c2, T* __restrict__ dx,
                   const unsigned* __restrict__ has_long) {
   typedef typename AccOf<T>::type A;
-  if (*has_long == 0u) return;
-  const i64 total = off[B];
-  const i64 chunks = (total + R - 1) / R;
-  for (i64 c = blockIdx.x; c < chunks; c += gridDim.x) {
-    const i64 row0 = c * R, row1 = row0 + R < total ? row0 + R : total;
-    for_long_in_chunk(off, B, D, cap, row0, row1, [&](i64 s, i64 r0, i64 r1) {
-      dx_vectors<T, TW, A, VEC, BLOCK>(dy + r0 * D, x + r0 * D, dx + r0 * D, int((r1 - r0) * D / VEC),
-                                       D, w, mean[s], rstd[s], c1[s], c2[s]);
-    });
-  }
+  for_long_chunks(
+      off, B, D, R, cap, has_long,
+      [&](i64, int, i64 s, i64 r0, i64 r1) {
+        dx_vectors<T, TW, A, VEC, BLOCK>(dy + r0 * D, x + r0 * D, dx + r0 * D,
+                                         int((r1 - r0) * D / VEC), D, w, mean[s], rstd[s], c1[s],
+                                         c2[s]);
+      },
+      [](i64, int) {});
 }
 
 // Per-row copies of the sequence statistics (for the dw/db column kernel): row r gets the
