@@ -109,8 +109,8 @@ __device__ __forceinline__ A widen_at(const Pack<T, VEC>& pk, const int k) {
 // A bf16 element is the high half of a float: read through the 32-bit word that holds it and
 // its neighbour, it costs one integer instruction (a shift for the low element, a mask for the
 // high one) where the element alone costs an extract and a shift. The 16-bit rows are bound by
-// the integer pipe (half the rate of the float one) more than by memory: on H200 the bf16
-// forward at N = 1024 issued on 73% of cycles, with 1.9x the instructions of Inductor's kernel.
+// issuing instructions more than by memory: on H200 the bf16 forward at N = 1024 issued on 73%
+// of cycles, with 1.9x the instructions of Inductor's kernel.
 template <typename A, int VEC>
 __device__ __forceinline__ A widen_at(const Pack<bf16_t, VEC>& pk, const int k) {
   if constexpr (VEC % 2 == 0) {
