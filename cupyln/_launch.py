@@ -18,6 +18,18 @@ Thresholds and why (H200, bf16, M*N = 2**27; scripts/tune.py, data in docs/):
   Fewer vectors per thread lost before the launch bounds too (N=2048 3723 at 4 vectors against
   3546 at 2, 2802 at 1). Every variant stays under ptxas' limit with no spills
   (tests/test_compile.py);
+* the forward's 16-bit and double rows in blocks of up to FWD_CENTER_BLOCK threads keep their
+  values centered in the arithmetic type instead (FWD_CENTER_BYTES a thread: 4 vectors of
+  16-bit values as float copies, layer_norm_fwd.cu CENTER), where every thread's slots hold
+  packs, at FWD_CENTER_THREADS threads per SM (80 registers: the copies and w and b in
+  flight). The 16-bit rows are issue-bound and the copies cut each pass to one instruction
+  an element (H200, M*N = 2**27, against 8 vectors as loaded: bf16 N=512 3977 GB/s against
+  3895, 1000 3949 / 3844, 1024 4022 / 3941, 2048 4080 / 3936, 4096 4035 / 3922, fp16 N=1024
+  4026 / 3943, float64 N=1024 4104 / 3692). At 1024 threads (64 registers) the copies were
+  0.4-2% slower. Rows whose last slot is empty (bf16 N=768) lost at 768 threads (3755 against
+  3972 as loaded) and spill at 1024 for sm_80, so they stay as loaded, as do wider blocks (bf16
+  N=8192 in 256 threads 3848 at 768, 3980 at 1024, 3937 as loaded; 12288 3683 / 3941 in 384
+  threads) and float32 rows, which convert nothing (-1% to +0.6%);
 * at least 4 threads per row: small rows still get several independent 16-byte loads per
   warp row instead of one thread walking a row;
 * 128 threads per block for the sub-warp tier (1.5% behind 256 at N=512/1024, within noise);
@@ -65,6 +77,9 @@ from ._dtypes import acc_dtype, ctype
 FWD_REG_ITEMS = 8  # forward: vectors of the row a thread keeps (128 bytes in 16-byte vectors)
 FWD_REG_ITEMS_SHORT = 4  # ...in launches of fewer than FWD_SHORT_WAVES waves at FWD_REG_ITEMS
 FWD_SHORT_WAVES = 12  # waves of FWD_REG_THREADS threads on every SM (forward_items)
+FWD_CENTER_BYTES = 128  # forward rows kept centered in the arithmetic type: bytes a thread
+FWD_CENTER_BLOCK = 128  # ...in blocks of at most this many threads
+FWD_CENTER_THREADS = 768  # ...and their launch bounds' threads per SM
 FWD_REG_THREADS = 1024  # forward launch bounds: threads per SM (16- and 32-bit rows)
 BWD_REG_AHEAD_BLOCK = 256  # 16-bit backward blocks this large copy the next row's x and dy ahead
 BWD_REG_VALUES = 16
@@ -241,9 +256,20 @@ def forward_plan(n: int, x_dtype, w_dtype, b_dtype, vec: int, smem_limit: int,
         expr = _compile.template("ln_fwd_cluster", tx, tw, tb, vec, b, cluster)
         return Plan(_compile.FWD_SOURCE, expr, "cluster", vec, 0, b, b, 1, smem, cluster)
     if shape is not None:
-        tpr, items, block = shape
-        minb = 1 if wide else max(1, FWD_REG_THREADS // block)
-        expr = _compile.template("ln_fwd_reg", tx, tw, tb, vec, items, tpr, block, minb)
+        acc = acc_dtype(x_dtype).itemsize
+        centered = _reg_shape(n, vec, min(values, FWD_CENTER_BYTES // acc), block_max)
+        center = (
+            x_dtype.itemsize != 4
+            and centered is not None
+            and centered[2] <= FWD_CENTER_BLOCK
+            and _cdiv(n, centered[0] * vec) == centered[1]  # every slot holds a pack
+        )
+        tpr, items, block = centered if center else shape
+        threads = FWD_CENTER_THREADS if center else FWD_REG_THREADS
+        minb = 1 if wide else max(1, threads // block)
+        whole = min(items, n // (tpr * vec)) if center and acc > x_dtype.itemsize else 0
+        args = (tx, tw, tb, vec, items, tpr, block, minb, center, whole)
+        expr = _compile.template("ln_fwd_reg", *args)
         return Plan(_compile.FWD_SOURCE, expr, "reg", vec, items, tpr, block, block // tpr, 0)
     ring = _ring_shape(row_bytes, smem_limit) if _async_copyable(vec, x_dtype.itemsize) else None
     if ring is not None:

@@ -28,6 +28,27 @@ def _reg_block_max(forward: bool, dtype) -> int:
     return 1024 if forward and dtype.itemsize <= 4 else 512
 
 
+def _check_fwd_reg(plan, n, dtype):
+    """The forward register tier's template tail (..., BLOCK, MINB, CENTER, WHOLE): rows kept
+    centered in the arithmetic type fit 128 bytes a thread in blocks of at most 128 threads;
+    the WHOLE slots every thread reads unchecked lie inside the row; launch bounds ask for
+    1024 threads per SM (16/32-bit rows; none for double), 768 for centered ones."""
+    tail = plan.expr[:-1].split(", ")[-4:]
+    block, minb, center, whole = int(tail[0]), int(tail[1]), tail[2] == "true", int(tail[3])
+    assert block == plan.block and plan.smem == 0, plan
+    if center:
+        assert dtype.itemsize != 4, plan  # float32 rows stay as loaded
+        acc = 8 if dtype.itemsize == 8 else 4
+        assert plan.items * plan.vec * acc <= 128 and plan.block <= 128, plan
+        assert -(-n // (plan.tpr * plan.vec)) == plan.items, plan  # every slot holds a pack
+    assert 0 <= whole <= plan.items and whole * plan.tpr * plan.vec <= n, plan
+    assert whole == 0 or (center and dtype.itemsize == 2), plan
+    if dtype.itemsize == 8:
+        assert minb == 1, plan
+    else:
+        assert minb == max(1, (768 if center else 1024) // block), plan
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
 @pytest.mark.parametrize("smem", [SMEM_H100, SMEM_A100])
 def test_every_width_gets_a_valid_plan(dtype, smem):
@@ -63,9 +84,8 @@ def test_every_width_gets_a_valid_plan(dtype, smem):
                     assert plan.items <= _launch.MAX_ITEMS
                     assert plan.tpr <= 32 or plan.tpr == plan.block
                     assert plan.block <= _reg_block_max(fwd, dtype)
-                    if fwd:  # launch bounds: 1024 threads per SM for 16/32-bit rows
-                        minb = max(1, 1024 // plan.block) if dtype.itemsize <= 4 else 1
-                        assert plan.expr.endswith(f", {plan.block}, {minb}>") and plan.smem == 0
+                    if fwd:
+                        _check_fwd_reg(plan, n, dtype)
                     else:  # 16-bit rows of 256+ threads copy the next row's x and dy ahead
                         ahead = dtype.itemsize == 2 and plan.block >= 256 and vec == 8
                         assert plan.expr.endswith(f", {plan.block}, {str(ahead).lower()}>")
@@ -111,7 +131,7 @@ def test_every_width_gets_a_valid_plan(dtype, smem):
 def test_tiers_by_width():
     bf16 = [d for d in DTYPES if d.name == "bfloat16"][0]
     f32 = np.dtype(np.float32)
-    assert _launch.forward_plan(1024, bf16, bf16, bf16, 8, SMEM_H100).tpr == 16
+    assert _launch.forward_plan(1024, bf16, bf16, bf16, 8, SMEM_H100).tpr == 32  # centered
     assert _launch.forward_plan(4096, bf16, bf16, bf16, 8, SMEM_H100).tier == "reg"
     # 8 vectors a thread, in blocks of up to 1024 threads (without clusters)
     for n, dt, vec, block, items in (
@@ -232,10 +252,10 @@ def test_forward_grid_per_tier():
     kernels' row loops take the rest); the staging tiers stay persistent, clusters counted in
     blocks."""
     bf16 = [d for d in DTYPES if d.name == "bfloat16"][0]
-    reg = _launch.forward_plan(1024, bf16, bf16, bf16, 8, SMEM_H100)  # 8 rows a block
-    assert reg.tier == "reg" and reg.rows == 8
+    reg = _launch.forward_plan(1024, bf16, bf16, bf16, 8, SMEM_H100)  # 4 rows a block
+    assert reg.tier == "reg" and reg.rows == 4
     assert _launch.forward_grid(1, reg, 528) == 1
-    assert _launch.forward_grid(10**6, reg, 528) == 125000  # past the resident capacity
+    assert _launch.forward_grid(10**6, reg, 528) == 250000  # past the resident capacity
     assert _launch.forward_grid(2**40, reg, 528) == 2**31 - 1
     h100 = _launch.MAX_CLUSTER
     split = _launch.forward_plan(131072, bf16, bf16, bf16, 8, SMEM_H100, h100)  # a cluster a row

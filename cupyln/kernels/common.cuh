@@ -3,7 +3,8 @@
 // Self-contained on purpose: no CUDA header is included, so NVRTC compiles these files with
 // nothing but its own built-ins (fp16/bf16 are 16-bit storage types converted with PTX).
 //
-//   * element types: half_t, bf16_t (storage only), float, double;
+//   * element types: half_t, bf16_t (storage only), float, double; choose: one of two
+//     arrays by a template flag;
 //   * Acc<T>: the arithmetic type (double for double input, float for everything else);
 //   * widen / narrow: element <-> arithmetic conversions (round-to-nearest-even); widen_at:
 //     element k of a pack (bf16 through the 32-bit word holding it: one instruction);
@@ -95,6 +96,16 @@ __device__ __forceinline__ T narrow(A v) {
   return Narrow<T>::from(v);
 }
 
+// a if C, else b: storage picked by a template flag
+template <bool C, typename X, typename Y>
+__device__ __forceinline__ auto& choose(X& a, Y& b) {
+  if constexpr (C) {
+    return a;
+  } else {
+    return b;
+  }
+}
+
 // ------------------------------------------------------------------ vector access
 template <typename T, int VEC>
 struct alignas(sizeof(T) * VEC) Pack {
@@ -143,8 +154,8 @@ __device__ __forceinline__ void store_pack(T* __restrict__ p, const A (&in)[VEC]
 // b, each optional: nullptr), stored at dst. k and m are subtracted one after the other: with k
 // a shift near the data (the row's first element) and m the mean of x - k, large-mean rows keep
 // their precision.
-template <typename T, typename TW, typename TB, typename A, int VEC>
-__device__ __forceinline__ void normalize_store(const Pack<T, VEC>& pk, const A k, const A m,
+template <typename T, typename TW, typename TB, typename A, int VEC, typename S>
+__device__ __forceinline__ void normalize_store(const Pack<S, VEC>& pk, const A k, const A m,
                                                 const A rs, const TW* __restrict__ w,
                                                 const TB* __restrict__ b, const int col,
                                                 T* __restrict__ dst) {

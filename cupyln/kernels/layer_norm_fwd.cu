@@ -60,25 +60,51 @@ __device__ __forceinline__ A held_squares(const Pack<T, VEC> (&raw)[ITEMS], cons
   return ss;
 }
 
+// dst[i] = src[i] - k for the held slots i (dst in A; dst and src may be the same array).
+template <typename A, typename S, int VEC, int ITEMS, typename Held>
+__device__ __forceinline__ void center(Pack<A, VEC> (&dst)[ITEMS], const S (&src)[ITEMS],
+                                       const A k, Held held) {
+#pragma unroll
+  for (int i = 0; i < ITEMS; ++i) {
+    if (held(i)) {
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) dst[i].v[e] = widen_at<A>(src[i], e) - k;
+    }
+  }
+}
+
 // Tier "reg": the row lives in registers.
 //   TPR threads share a row, each holding ITEMS vectors of VEC elements, vector i of thread t at
 //   columns [(i * TPR + t) * VEC, +VEC) (so a warp's accesses to one vector slot are contiguous).
 //   TPR <= 32: BLOCK / TPR rows per block, reductions by warp shuffles inside the row's lanes.
 //   TPR == BLOCK > 32: one row per block, reductions across warps through shared memory.
 //   All of a row's loads are issued before the first is used, so each thread has ITEMS * 16
-//   bytes in flight. The row stays in registers as loaded and each of the three passes widens
-//   it again: for 16-bit T that is half the registers of float copies, so more rows fit an SM
-//   (bf16 N=8192 3500 GB/s against 2900 with float copies on H200). The conversions are not
-//   free: 16-bit rows are bound by issuing instructions (Nsight Compute, bf16 N=1024: 73% of
-//   cycles issuing), so packs are widened element by element through widen_at. Loading the
-//   next row ahead of the current row's reductions was measured slower, into registers (they
-//   cost more occupancy than the overlap gains) and with cp.async into shared memory (bf16
-//   N=12288 2879 GB/s against 3479; float32 N=32768 at 1024 threads 3077 against 3560).
+//   bytes in flight. Then the passes read the row in one of two forms:
+//   * as loaded (CENTER false), widened again in each of the three passes: for 16-bit T half
+//     the registers of float copies, so wide rows keep more of themselves on an SM (bf16
+//     N=8192 3500 GB/s against 2900 with float copies of 8 vectors a thread on H200);
+//   * centered (CENTER): x - shift in A, once, then less the mean too, so each pass costs
+//     one instruction (sum, square, scale) where the loaded form costs three or four. 16-bit
+//     rows are bound by issuing instructions (Nsight Compute, bf16 N=1024: 73% of cycles
+//     issuing, 1.9x the instructions of Inductor's kernel): 4 vectors a thread kept as float
+//     copies measured 2-4% faster than 8 vectors as loaded up to N=4096 (bf16 N=2048 4080
+//     GB/s against 3936, float64 N=1024 4104 against 3692); float32 rows, which convert
+//     nothing, within -1%..+0.6%. The copy is a separate array for 16-bit T, the loaded one
+//     itself where T is A.
+//   WHOLE: slots i < WHOLE are inside the row for every thread, read and written without the
+//   per-slot check against N: at 64 registers ptxas keeps the centered copies of unchecked
+//   slots and spills checked ones (bf16 N=1024, 68 bytes). Rows as loaded keep their checks
+//   (with none, ptxas widens every element once, holds the floats and spills).
+//   Loading the next row ahead of the current row's reductions was measured slower, into
+//   registers (they cost more occupancy than the overlap gains) and with cp.async into shared
+//   memory (bf16 N=12288 2879 GB/s against 3479; float32 N=32768 at 1024 threads 3077
+//   against 3560).
 //   MINB: blocks per SM asked of ptxas (launch bounds), so registers do not cap occupancy
 //   (bf16 N=32768, 512 threads: 2 blocks at 64 registers, 3216 GB/s against 2807 with 1 at 71).
-// Limits: N <= TPR * ITEMS * VEC; registers grow with ITEMS * VEC (the launcher keeps it <= 64
-// values, 32 for double).
-template <typename T, typename TW, typename TB, int VEC, int ITEMS, int TPR, int BLOCK, int MINB>
+// Limits: N <= TPR * ITEMS * VEC, and WHOLE * TPR * VEC <= N; registers grow with ITEMS * VEC
+// (the launcher keeps it <= 64 values as loaded, 32 for double; centered, <= 128 bytes of A).
+template <typename T, typename TW, typename TB, int VEC, int ITEMS, int TPR, int BLOCK, int MINB,
+          bool CENTER, int WHOLE>
 __global__ void __launch_bounds__(BLOCK, MINB)
     ln_fwd_reg(const T* __restrict__ x, const i64 x_stride, T* __restrict__ y,
                const TW* __restrict__ w, const TB* __restrict__ b,
@@ -96,24 +122,37 @@ __global__ void __launch_bounds__(BLOCK, MINB)
   const A inv_n = A(1) / A(N);
   const i64 step = static_cast<i64>(gridDim.x) * ROWS;
 
-  P raw[ITEMS];  // the row's elements as loaded
-  T first;       // its first element (the shift)
-  auto fetch = [&](const i64 r) {
-    const T* __restrict__ xr = x + r * x_stride;
-    first = xr[0];
-#pragma unroll
-    for (int i = 0; i < ITEMS; ++i) {
-      const int col = (i * TPR + lane) * VEC;
-      if (col < N) raw[i] = *reinterpret_cast<const P*>(xr + col);
-    }
-  };
+  // whether the thread holds slot i: the first WHOLE slots of every thread are inside the row
+  auto held = [&](const int i) { return i < WHOLE || (i * TPR + lane) * VEC < N; };
 
   for (i64 row = static_cast<i64>(blockIdx.x) * ROWS + threadIdx.x / TPR; row < M; row += step) {
-    fetch(row);
+    const T* __restrict__ xr = x + row * x_stride;
+    const T first = xr[0];  // the shift
+    P raw[ITEMS];           // the row's elements as loaded
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+      if (held(i)) raw[i] = *reinterpret_cast<const P*>(xr + (i * TPR + lane) * VEC);
+    }
+    // what the passes read: raw, or (CENTER) x - shift in A, then less the mean too (in raw
+    // itself where T is A)
+    constexpr bool COPY = CENTER && sizeof(T) != sizeof(A);
+    Pack<A, VEC> centered[COPY ? ITEMS : 1];
+    auto& held_x = choose<COPY>(centered, raw);
     const A shift = static_cast<A>(widen(first));
-    auto held = [&](const int i) { return (i * TPR + lane) * VEC < N; };
-    const A mu = group_sum<TPR, false>(held_sum(raw, shift, held), red[0]) * inv_n;
-    const A ss = held_squares(raw, shift, mu, held);
+    // k and d: what each pass subtracts from the held values (x - k - d, in that order; the
+    // centered form has subtracted them already, with the same roundings)
+    A k = shift;
+    if constexpr (CENTER) {
+      center(held_x, raw, k, held);
+      k = 0;
+    }
+    const A mu = group_sum<TPR, false>(held_sum(held_x, k, held), red[0]) * inv_n;
+    A d = mu;
+    if constexpr (CENTER) {
+      center(held_x, held_x, d, held);
+      d = 0;
+    }
+    const A ss = held_squares(held_x, k, d, held);
     const A r = rsqrt_acc(group_sum<TPR, false>(ss, red[1]) * inv_n + eps);
     if (lane == 0 && mean != nullptr) {
       mean[row] = shift + mu;
@@ -124,7 +163,7 @@ __global__ void __launch_bounds__(BLOCK, MINB)
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
       const int col = (i * TPR + lane) * VEC;
-      if (col < N) normalize_store<T, TW, TB, A, VEC>(raw[i], shift, mu, r, w, b, col, yr + col);
+      if (held(i)) normalize_store<T, TW, TB, A, VEC>(held_x[i], k, d, r, w, b, col, yr + col);
     }
   }
 }
