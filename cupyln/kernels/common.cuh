@@ -150,13 +150,18 @@ __device__ __forceinline__ void store_pack(T* __restrict__ p, const A (&in)[VEC]
   *reinterpret_cast<Pack<T, VEC>*>(p) = pk;
 }
 
-// o * w + b (w and b columns [col, col + VEC), each optional: nullptr), narrowed and stored at
-// dst.
-template <typename T, typename TW, typename TB, typename A, int VEC>
-__device__ __forceinline__ void scale_shift_store(A (&o)[VEC], const TW* __restrict__ w,
-                                                  const TB* __restrict__ b, const int col,
-                                                  T* __restrict__ dst) {
-  A p[VEC];
+// y = ((x - k) - m) * rs * w + b for the VEC elements of pk (columns [col, col + VEC) of w and
+// b, each optional: nullptr), stored at dst. k and m are subtracted one after the other: with k
+// a shift near the data (the row's first element) and m the mean of x - k, large-mean rows keep
+// their precision.
+template <typename T, typename TW, typename TB, typename A, int VEC, typename S>
+__device__ __forceinline__ void normalize_store(const Pack<S, VEC>& pk, const A k, const A m,
+                                                const A rs, const TW* __restrict__ w,
+                                                const TB* __restrict__ b, const int col,
+                                                T* __restrict__ dst) {
+  A o[VEC], p[VEC];
+#pragma unroll
+  for (int e = 0; e < VEC; ++e) o[e] = (widen_at<A>(pk, e) - k - m) * rs;
   if (w != nullptr) {
     load_pack<A, TW, VEC>(w + col, p);
 #pragma unroll
@@ -168,35 +173,6 @@ __device__ __forceinline__ void scale_shift_store(A (&o)[VEC], const TW* __restr
     for (int e = 0; e < VEC; ++e) o[e] += p[e];
   }
   store_pack<T, A, VEC>(dst, o);
-}
-
-// y = ((x - k) - m) * rs * w + b for the VEC elements of pk (columns [col, col + VEC) of w and
-// b, each optional: nullptr), stored at dst. k and m are subtracted one after the other: with k
-// a shift near the data (the row's first element) and m the mean of x - k, large-mean rows keep
-// their precision.
-template <typename T, typename TW, typename TB, typename A, int VEC, typename S>
-__device__ __forceinline__ void normalize_store(const Pack<S, VEC>& pk, const A k, const A m,
-                                                const A rs, const TW* __restrict__ w,
-                                                const TB* __restrict__ b, const int col,
-                                                T* __restrict__ dst) {
-  A o[VEC];
-#pragma unroll
-  for (int e = 0; e < VEC; ++e) o[e] = (widen_at<A>(pk, e) - k - m) * rs;
-  scale_shift_store<T, TW, TB, A, VEC>(o, w, b, col, dst);
-}
-
-// The same with y = fma(x, rs, c) * w + b, c = -mean * rs: one instruction for x where
-// normalize_store takes three, for inputs whose own rounding exceeds the 2^-24 * |mean| * rs
-// that c's rounding adds (the 16-bit types).
-template <typename T, typename TW, typename TB, typename A, int VEC, typename S>
-__device__ __forceinline__ void normalize_fma_store(const Pack<S, VEC>& pk, const A rs, const A c,
-                                                    const TW* __restrict__ w,
-                                                    const TB* __restrict__ b, const int col,
-                                                    T* __restrict__ dst) {
-  A o[VEC];
-#pragma unroll
-  for (int e = 0; e < VEC; ++e) o[e] = fma(widen_at<A>(pk, e), rs, c);
-  scale_shift_store<T, TW, TB, A, VEC>(o, w, b, col, dst);
 }
 
 // Walks packs v = t, t + S, t + 2S, ... < nv of p (VEC elements each, p aligned to a pack) for

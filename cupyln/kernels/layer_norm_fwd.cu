@@ -82,8 +82,7 @@ __device__ __forceinline__ void center(Pack<A, VEC> (&dst)[ITEMS], const S (&src
 //   bytes in flight. Then the passes read the row in one of two forms:
 //   * as loaded (CENTER false), widened again in each of the three passes: for 16-bit T half
 //     the registers of float copies, so wide rows keep more of themselves on an SM (bf16
-//     N=8192 3500 GB/s against 2900 with float copies of 8 vectors a thread on H200); 16-bit
-//     rows in the FMA form (below);
+//     N=8192 3500 GB/s against 2900 with float copies of 8 vectors a thread on H200);
 //   * centered (CENTER): x - shift in A, once, then less the mean too, so each pass costs
 //     one instruction (sum, square, scale) where the loaded form costs three or four. 16-bit
 //     rows are bound by issuing instructions (Nsight Compute, bf16 N=1024: 73% of cycles
@@ -123,13 +122,6 @@ __global__ void __launch_bounds__(BLOCK, MINB)
   const A inv_n = A(1) / A(N);
   const i64 step = static_cast<i64>(gridDim.x) * ROWS;
 
-  // 16-bit rows as loaded, with w and b no wider: no shift, and y = fma(x, rs, -mean * rs)
-  // (normalize_fma_store). x's own rounding (2^-9 of |x| for bf16, 2^-12 for fp16) exceeds
-  // what float32 sums and that FMA lose (about 2^-24 of |mean|) by 2^12 or more, so the
-  // shift buys these rows nothing, and the three passes cost 2, 3 and 5-6 instructions an
-  // element instead of 3, 4 and 8. (With float32 w and b it spills at 1024 threads.)
-  constexpr bool FMA_FORM = !CENTER && sizeof(T) < sizeof(A) && sizeof(TW) <= sizeof(T) &&
-                            sizeof(TB) <= sizeof(T);
   // whether the thread holds slot i: the first WHOLE slots of every thread are inside the row
   auto held = [&](const int i) { return i < WHOLE || (i * TPR + lane) * VEC < N; };
 
@@ -146,7 +138,7 @@ __global__ void __launch_bounds__(BLOCK, MINB)
     constexpr bool COPY = CENTER && sizeof(T) != sizeof(A);
     Pack<A, VEC> centered[COPY ? ITEMS : 1];
     auto& held_x = choose<COPY>(centered, raw);
-    const A shift = FMA_FORM ? A(0) : static_cast<A>(widen(first));
+    const A shift = static_cast<A>(widen(first));
     // k and d: what each pass subtracts from the held values (x - k - d, in that order; the
     // centered form has subtracted them already, with the same roundings)
     A k = shift;
@@ -171,12 +163,7 @@ __global__ void __launch_bounds__(BLOCK, MINB)
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
       const int col = (i * TPR + lane) * VEC;
-      if (!held(i)) continue;
-      if constexpr (FMA_FORM) {
-        normalize_fma_store<T, TW, TB, A, VEC>(held_x[i], r, -mu * r, w, b, col, yr + col);
-      } else {
-        normalize_store<T, TW, TB, A, VEC>(held_x[i], k, d, r, w, b, col, yr + col);
-      }
+      if (held(i)) normalize_store<T, TW, TB, A, VEC>(held_x[i], k, d, r, w, b, col, yr + col);
     }
   }
 }
