@@ -102,7 +102,7 @@ __device__ __forceinline__ void center(Pack<A, VEC> (&dst)[ITEMS], const S (&src
 //   MINB: blocks per SM asked of ptxas (launch bounds), so registers do not cap occupancy
 //   (bf16 N=32768, 512 threads: 2 blocks at 64 registers, 3216 GB/s against 2807 with 1 at 71).
 // Limits: N <= TPR * ITEMS * VEC, and WHOLE * TPR * VEC <= N; registers grow with ITEMS * VEC
-// (the launcher keeps it <= 64 values as loaded, 32 for double; centered, <= 128 bytes of A).
+// (the launcher keeps it <= 64 values as loaded, 16 for double; centered, <= 128 bytes of A).
 template <typename T, typename TW, typename TB, int VEC, int ITEMS, int TPR, int BLOCK, int MINB,
           bool CENTER, int WHOLE>
 __global__ void __launch_bounds__(BLOCK, MINB)
