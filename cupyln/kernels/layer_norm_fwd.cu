@@ -29,22 +29,23 @@
 
 namespace cupyln {
 
-// The sums over the packs a thread holds in registers (slot i where held(i)): of x - k, and of
-// the squared deviations (x - k - d)^2; k a shift near the data, d the mean of x - k.
+// The sums over the packs a thread holds in registers (slot i where held(i)), as loaded or as
+// centered copies (T is then A): of v - k, and of the squared deviations (v - k - d)^2; k a
+// shift near the data, d the mean of v - k.
 template <typename A, typename T, int VEC, int ITEMS, typename Held>
-__device__ __forceinline__ A held_sum(const Pack<T, VEC> (&raw)[ITEMS], const A k, Held held) {
+__device__ __forceinline__ A held_sum(const Pack<T, VEC> (&v)[ITEMS], const A k, Held held) {
   A s = 0;
 #pragma unroll
   for (int i = 0; i < ITEMS; ++i) {
     if (held(i)) {
 #pragma unroll
-      for (int e = 0; e < VEC; ++e) s += widen_at<A>(raw[i], e) - k;
+      for (int e = 0; e < VEC; ++e) s += widen_at<A>(v[i], e) - k;
     }
   }
   return s;
 }
 template <typename A, typename T, int VEC, int ITEMS, typename Held>
-__device__ __forceinline__ A held_squares(const Pack<T, VEC> (&raw)[ITEMS], const A k, const A d,
+__device__ __forceinline__ A held_squares(const Pack<T, VEC> (&v)[ITEMS], const A k, const A d,
                                           Held held) {
   A ss = 0;
 #pragma unroll
@@ -52,7 +53,7 @@ __device__ __forceinline__ A held_squares(const Pack<T, VEC> (&raw)[ITEMS], cons
     if (held(i)) {
 #pragma unroll
       for (int e = 0; e < VEC; ++e) {
-        const A dev = widen_at<A>(raw[i], e) - k - d;
+        const A dev = widen_at<A>(v[i], e) - k - d;
         ss += dev * dev;
       }
     }
