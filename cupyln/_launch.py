@@ -29,7 +29,9 @@ Thresholds and why (H200, bf16, M*N = 2**27; scripts/tune.py, data in docs/):
   0.4-2% slower. Rows whose last slot is empty (bf16 N=768) lost at 768 threads (3755 against
   3972 as loaded) and spill at 1024 for sm_80, so they stay as loaded, as do wider blocks (bf16
   N=8192 in 256 threads 3848 at 768, 3980 at 1024, 3937 as loaded; 12288 3683 / 3941 in 384
-  threads) and float32 rows, which convert nothing (-1% to +0.6%);
+  threads) and float32 rows, which convert nothing (-1% to +0.6%). Double rows, centered in
+  the registers they were loaded into, take it in every block (float64 N=3072 4115 GB/s
+  against 2541, 4096 4114 / 3077, 6144 3352 / 2370, 8192 3653 / 2744);
 * at least 4 threads per row: small rows still get several independent 16-byte loads per
   warp row instead of one thread walking a row;
 * 128 threads per block for the sub-warp tier (1.5% behind 256 at N=512/1024, within noise);
@@ -78,7 +80,7 @@ FWD_REG_ITEMS = 8  # forward: vectors of the row a thread keeps (128 bytes in 16
 FWD_REG_ITEMS_SHORT = 4  # ...in launches of fewer than FWD_SHORT_WAVES waves at FWD_REG_ITEMS
 FWD_SHORT_WAVES = 12  # waves of FWD_REG_THREADS threads on every SM (forward_items)
 FWD_CENTER_BYTES = 128  # forward rows kept centered in the arithmetic type: bytes a thread
-FWD_CENTER_BLOCK = 128  # ...in blocks of at most this many threads
+FWD_CENTER_BLOCK = 128  # ...in blocks of at most this many threads (copies; double: any)
 FWD_CENTER_THREADS = 768  # ...and their launch bounds' threads per SM
 FWD_REG_THREADS = 1024  # forward launch bounds: threads per SM (16- and 32-bit rows)
 BWD_REG_AHEAD_BLOCK = 256  # 16-bit backward blocks this large copy the next row's x and dy ahead
@@ -258,10 +260,11 @@ def forward_plan(n: int, x_dtype, w_dtype, b_dtype, vec: int, smem_limit: int,
     if shape is not None:
         acc = acc_dtype(x_dtype).itemsize
         centered = _reg_shape(n, vec, min(values, FWD_CENTER_BYTES // acc), block_max)
+        in_place = acc == x_dtype.itemsize  # double: centered in the loaded registers
         center = (
             x_dtype.itemsize != 4
             and centered is not None
-            and centered[2] <= FWD_CENTER_BLOCK
+            and (in_place or centered[2] <= FWD_CENTER_BLOCK)
             and _cdiv(n, centered[0] * vec) == centered[1]  # every slot holds a pack
         )
         tpr, items, block = centered if center else shape

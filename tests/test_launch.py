@@ -30,7 +30,8 @@ def _reg_block_max(forward: bool, dtype) -> int:
 
 def _check_fwd_reg(plan, n, dtype):
     """The forward register tier's template tail (..., BLOCK, MINB, CENTER, WHOLE): rows kept
-    centered in the arithmetic type fit 128 bytes a thread in blocks of at most 128 threads;
+    centered in the arithmetic type fit 128 bytes a thread, in blocks of at most 128 threads
+    unless centered in place (double);
     the WHOLE slots every thread reads unchecked lie inside the row; launch bounds ask for
     1024 threads per SM (16/32-bit rows; none for double), 768 for centered ones."""
     tail = plan.expr[:-1].split(", ")[-4:]
@@ -39,7 +40,8 @@ def _check_fwd_reg(plan, n, dtype):
     if center:
         assert dtype.itemsize != 4, plan  # float32 rows stay as loaded
         acc = 8 if dtype.itemsize == 8 else 4
-        assert plan.items * plan.vec * acc <= 128 and plan.block <= 128, plan
+        assert plan.items * plan.vec * acc <= 128, plan
+        assert plan.block <= 128 or dtype.itemsize == 8, plan  # double: centered in place
         assert -(-n // (plan.tpr * plan.vec)) == plan.items, plan  # every slot holds a pack
     assert 0 <= whole <= plan.items and whole * plan.tpr * plan.vec <= n, plan
     assert whole == 0 or (center and dtype.itemsize == 2), plan
