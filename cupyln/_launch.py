@@ -49,6 +49,14 @@ Thresholds and why (H200, bf16, M*N = 2**27; scripts/tune.py, data in docs/):
   dy into shared memory with cp.async while a row is computed (layer_norm_bwd.cu, AHEAD): bf16
   N=8192 3169 GB/s against 2805, N=4096 3501 / 3396, fp16 M=4096 N=8192 2615 / 2395. Smaller
   blocks lost (bf16 N=1024 3142 against 3432), and so did float32 (N=4096 3691 against 4074);
+* such rows in blocks of at least BWD_SHARED_SUMS_BLOCK threads keep the dw/db sums in shared
+  memory instead of registers (layer_norm_bwd.cu, SHARED_SUMS): a thread then needs 64
+  registers, so two blocks of 512 threads share an SM where one did, and rows of up to 16K
+  elements stay in registers in blocks of up to BWD_SHARED_SUMS_BLOCK_MAX threads, where the
+  ring tier took them (H200, against the sums in registers, one process, best of 3: bf16
+  N=8192 3418 GB/s against 3104, 10240 3085 / 2326 (ring), 12288 3038 / 3027 (ring), 16384
+  3075 / 3044 (ring)). Blocks that already share an SM two at a time lost (N=5120 3031 against
+  3209 with three blocks of 320 threads, 6144 3298 / 3467);
 * the backward and the forward's staging tiers run a persistent grid of exactly the resident
   blocks: for the backward 0.5x and 2x that were measured 5-30% slower (fewer blocks leave SMs
   idle; more add dw/db partial rows). The forward's register tier launches a block per group
@@ -60,8 +68,8 @@ Thresholds and why (H200, bf16, M*N = 2**27; scripts/tune.py, data in docs/):
 * the backward's persistent grid stops at M / (rows per block * BWD_MIN_STEPS) blocks: each
   block writes a dw/db partial row, which short batches would otherwise pay for (fp16
   M=4096, N=1024: 1041 GB/s against 972);
-* backward rows past the register tier up to 16K elements take its ring tier (BWD_RING_BLOCK):
-  x and dy staged ahead with cp.async, the dw/db accumulators in registers;
+* other backward rows past the register tier up to 16K elements take its ring tier
+  (BWD_RING_BLOCK): x and dy staged ahead with cp.async, the dw/db accumulators in registers;
 * on sm_90, wider rows split their columns over a thread-block cluster of such blocks (the
   "cluster" tiers: backward rows past one SM's registers, forward rows past one ring), the
   blocks exchanging row statistics through distributed shared memory;
@@ -85,6 +93,8 @@ FWD_CENTER_THREADS = 768  # ...and their launch bounds' threads per SM
 FWD_REG_THREADS = 1024  # forward launch bounds: threads per SM (16- and 32-bit rows)
 BWD_REG_AHEAD_BLOCK = 256  # 16-bit backward blocks this large copy the next row's x and dy ahead
 BWD_REG_VALUES = 16
+BWD_SHARED_SUMS_BLOCK = 448  # 16-bit backward blocks this large keep dw/db in shared memory
+BWD_SHARED_SUMS_BLOCK_MAX = 1024  # ...in blocks of up to this many threads
 BWD_MIN_STEPS = 8  # groups of rows each backward block walks at least (backward_grid)
 MAX_ITEMS = 8  # vector slots per thread: 16 unrolled scalar slots spill in the backward
 MIN_TPR = 4
@@ -383,12 +393,24 @@ def backward_plan(n: int, x_dtype, w_dtype, vec: int, smem_limit: int,
     tx, tw = ctype(x_dtype), ctype(w_dtype)
     values = BWD_REG_VALUES * 4 // acc_dtype(x_dtype).itemsize
     shape = _reg_shape(n, vec, values, REG_BLOCK_MAX)
+    # 16-bit rows in 16-byte packs (narrower packs, more of them, spill under the bounds)
+    packs16 = x_dtype.itemsize == 2 and vec == 8
+    shared = False
+    if packs16:  # x and dy ahead (2 bytes an element each), dw/db sums (4 bytes each)
+        wide = _reg_shape(n, vec, values, BWD_SHARED_SUMS_BLOCK_MAX)
+        if (
+            wide is not None
+            and wide[2] >= BWD_SHARED_SUMS_BLOCK
+            and 12 * wide[2] * wide[1] * vec <= smem_limit - STATIC_SMEM_MARGIN
+        ):
+            shape, shared = wide, True
     if shape is not None:
         tpr, items, block = shape
-        # 16-bit rows in 16-byte packs (narrower packs, more of them, spill under the bounds)
-        ahead = x_dtype.itemsize == 2 and vec == 8 and block >= BWD_REG_AHEAD_BLOCK
-        expr = _compile.template("ln_bwd_reg", tx, tw, vec, items, tpr, block, ahead)
+        ahead = packs16 and block >= BWD_REG_AHEAD_BLOCK
+        expr = _compile.template("ln_bwd_reg", tx, tw, vec, items, tpr, block, ahead, shared)
         smem = 2 * block * items * vec * x_dtype.itemsize if ahead else 0
+        if shared:  # dw and db sums of the thread's columns, in the arithmetic type
+            smem += 2 * block * items * vec * acc_dtype(x_dtype).itemsize
         return Plan(_compile.BWD_SOURCE, expr, "reg", vec, items, tpr, block, block // tpr, smem)
     ring = _bwd_ring_shape(n, vec, x_dtype.itemsize, values, _share(smem_limit), max_cluster)
     if ring is not None:

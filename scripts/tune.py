@@ -137,8 +137,8 @@ def main():
         dx = cupy.empty_like(x)
         for tier, items, tpr, block in bwd_candidates(n, vec):
             if tier == "reg":
-                # rows loaded directly (the next row's copy ahead is the launcher's choice)
-                expr = _compile.template("ln_bwd_reg", tx, tx, vec, items, tpr, block, False)
+                # rows loaded directly, dw/db sums in registers (the launcher picks the rest)
+                expr = _compile.template("ln_bwd_reg", tx, tx, vec, items, tpr, block, False, False)
                 smem = 0
             else:
                 smem = staged(2 * (-(-n * dt.itemsize // 16) * 16), info)

@@ -22,10 +22,12 @@ def _vecs(dtype):
     return [v for v in (8, 4, 2, 1) if v * dtype.itemsize <= 16]
 
 
-def _reg_block_max(forward: bool, dtype) -> int:
+def _reg_block_max(forward: bool, dtype, vec: int) -> int:
     """The register tier's largest block: 1024 threads for the forward of 16/32-bit rows
-    (with w and b of the same dtype)."""
-    return 1024 if forward and dtype.itemsize <= 4 else 512
+    (with w and b of the same dtype) and the backward of 16-bit rows in 16-byte packs."""
+    if forward:
+        return 1024 if dtype.itemsize <= 4 else 512
+    return 1024 if dtype.itemsize == 2 and vec == 8 else 512
 
 
 def _check_fwd_reg(plan, n, dtype):
@@ -85,14 +87,23 @@ def test_every_width_gets_a_valid_plan(dtype, smem):
                     assert plan.items * vec * acc_words <= budget, plan  # registers
                     assert plan.items <= _launch.MAX_ITEMS
                     assert plan.tpr <= 32 or plan.tpr == plan.block
-                    assert plan.block <= _reg_block_max(fwd, dtype)
+                    assert plan.block <= _reg_block_max(fwd, dtype, vec)
                     if fwd:
                         _check_fwd_reg(plan, n, dtype)
-                    else:  # 16-bit rows of 256+ threads copy the next row's x and dy ahead
-                        ahead = dtype.itemsize == 2 and plan.block >= 256 and vec == 8
-                        assert plan.expr.endswith(f", {plan.block}, {str(ahead).lower()}>")
+                    else:
+                        # 16-bit rows in 16-byte packs: blocks of 256+ threads copy the next
+                        # row's x and dy ahead, blocks of BWD_SHARED_SUMS_BLOCK+ keep the dw/db
+                        # sums in shared memory (and only they go past 512 threads)
+                        packs16 = dtype.itemsize == 2 and vec == 8
+                        ahead = packs16 and plan.block >= 256
+                        shared = packs16 and plan.block >= _launch.BWD_SHARED_SUMS_BLOCK
+                        assert shared or plan.block <= 512, plan
+                        flags = f"{str(ahead).lower()}, {str(shared).lower()}"
+                        assert plan.expr.endswith(f", {plan.block}, {flags}>"), plan
                         pair = 2 * plan.block * plan.items * vec * dtype.itemsize
-                        assert plan.smem == (pair if ahead else 0), plan
+                        sums = 2 * plan.block * plan.items * vec * 4 if shared else 0
+                        assert plan.smem == (pair if ahead else 0) + sums, plan
+                        assert plan.smem <= smem - _launch.STATIC_SMEM_MARGIN, plan
                 else:
                     assert plan.tpr == plan.block and plan.rows == 1
                     assert plan.smem <= smem - _launch.STATIC_SMEM_MARGIN
@@ -123,7 +134,7 @@ def test_every_width_gets_a_valid_plan(dtype, smem):
                 elif plan.tier == "ring":  # one row fits the block's ring, one ring per block
                     assert n * dtype.itemsize <= plan.smem and plan.smem % 16 == 0
                     # past the register tier (every value budget, the largest block)
-                    assert n > _reg_block_max(fwd, dtype) * _launch.MAX_ITEMS * vec, (n, plan)
+                    assert n > _reg_block_max(fwd, dtype, vec) * _launch.MAX_ITEMS * vec, (n, plan)
                     assert vec * dtype.itemsize >= 4, plan  # cp.async copies 4, 8 or 16 bytes
                     assert plan.expr.startswith("cupyln::ln_fwd_ring<")
                 if plan.tier not in ("cluster", "reg"):
@@ -183,14 +194,21 @@ def test_tiers_by_width():
     ):
         p = _launch.forward_plan(n, dt, dt, dt, vec, SMEM_H100, h100)
         assert (p.tier, p.cluster, p.block) == ("cluster", cluster, 256), (n, dt, p)
-    # backward: past the register tier (8192), x and dy staged in a ring with dw/db in registers
-    # up to 16384; wider rows split over a cluster of such blocks (sm_90), else one block per
-    # row (x and dy staged or re-read)
+    # backward: 16-bit rows in 16-byte packs stay in registers up to 16384 (1024 threads, the
+    # dw/db sums in shared memory), float32 rows up to 8192; past the register tier x and dy
+    # are staged in a ring with dw/db in registers up to 16384; wider rows split over a
+    # cluster of such blocks (sm_90), else one block per row (x and dy staged or re-read)
     h100 = _launch.MAX_CLUSTER
     assert _launch.backward_plan(8192, bf16, bf16, 8, SMEM_H100, h100).tier == "reg"
-    for n, dt, vec in ((12288, bf16, 8), (16384, bf16, 8), (16384, f32, 4)):
+    assert _launch.backward_plan(8192, f32, f32, 4, SMEM_H100, h100).tier == "reg"
+    for n, dt, vec, tier, block in (
+        (12288, bf16, 8, "reg", 768),
+        (16384, bf16, 8, "reg", 1024),
+        (16384, bf16, 4, "ring", 512),
+        (16384, f32, 4, "ring", 512),
+    ):
         p = _launch.backward_plan(n, dt, dt, vec, SMEM_H100, h100)
-        assert (p.tier, p.block, p.items * vec * p.block) == ("ring", 512, n), (n, dt, p)
+        assert (p.tier, p.block, p.items * vec * p.block) == (tier, block, n), (n, dt, p)
     for n, dt, vec, cluster in (
         (32768, bf16, 8, 2),
         (65536, bf16, 8, 4),

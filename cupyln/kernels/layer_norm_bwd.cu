@@ -22,9 +22,11 @@ namespace cupyln {
 // for 16-bit T (80 registers a thread), 640 for wider T with at most 4 vector slots (102; more
 // slots spill), else one. H200, bf16 N=5120 3173 GB/s against 2344 with one block of 320
 // threads per SM, float32 4018 against 3448.
-template <typename T, int ITEMS, int BLOCK>
+// With SHARED_SUMS (the dw/db sums in shared memory) a thread keeps only x and dy: 1024
+// threads per SM (64 registers); bf16 N=8192 3418 GB/s at two blocks of 512 against 3104 at one.
+template <typename T, int ITEMS, int BLOCK, bool SHARED_SUMS>
 struct BwdRegBlocks {
-  static constexpr int threads = sizeof(T) == 2 ? 768 : ITEMS <= 4 ? 640 : 0;
+  static constexpr int threads = SHARED_SUMS ? 1024 : sizeof(T) == 2 ? 768 : ITEMS <= 4 ? 640 : 0;
   static constexpr int value = threads / BLOCK > 0 ? threads / BLOCK : 1;
 };
 
@@ -51,10 +53,16 @@ __device__ __forceinline__ void row_packs(const T* __restrict__ xr, const T* __r
 //   thread copies its own packs of them with cp.async once the current row's sums are formed
 //   (which every read of its slots precedes) and moves them into registers when it starts that
 //   row. Dynamic shared memory: 2 * BLOCK * ITEMS packs.
-// Limits: N <= TPR * ITEMS * VEC; 2 * ITEMS * VEC registers of A for the accumulators and up to
-// as many for data (launcher: ITEMS * VEC <= 16); AHEAD needs packs of 4, 8 or 16 bytes.
-template <typename T, typename TW, int VEC, int ITEMS, int TPR, int BLOCK, bool AHEAD>
-__global__ void __launch_bounds__(BLOCK, BwdRegBlocks<T, ITEMS, BLOCK>::value)
+//   With SHARED_SUMS (a block per row, with AHEAD, 16-byte packs), the dw/db sums live in
+//   dynamic shared memory after those packs (2 * BLOCK * ITEMS * VEC values of A), each thread
+//   owning its columns' sums as it owned the registers, and are added to after dx is stored:
+//   the registers left hold x and dy, and blocks of up to 1024 threads fit.
+// Limits: N <= TPR * ITEMS * VEC; 2 * ITEMS * VEC registers of A for the accumulators (none
+// with SHARED_SUMS) and up to as many for data (launcher: ITEMS * VEC <= 16); AHEAD needs packs
+// of 4, 8 or 16 bytes.
+template <typename T, typename TW, int VEC, int ITEMS, int TPR, int BLOCK, bool AHEAD,
+          bool SHARED_SUMS>
+__global__ void __launch_bounds__(BLOCK, BwdRegBlocks<T, ITEMS, BLOCK, SHARED_SUMS>::value)
     ln_bwd_reg(const T* __restrict__ dy, const i64 dy_stride, const T* __restrict__ x,
                const i64 x_stride, const TW* __restrict__ w,
                const typename AccOf<T>::type* __restrict__ mean,
@@ -73,9 +81,9 @@ __global__ void __launch_bounds__(BLOCK, BwdRegBlocks<T, ITEMS, BLOCK>::value)
   const A inv_n = A(1) / A(N);
   const i64 step = static_cast<i64>(gridDim.x) * ROWS;
 
-  A dw_acc[ITEMS][VEC], db_acc[ITEMS][VEC];
+  A dw_acc[SHARED_SUMS ? 1 : ITEMS][VEC], db_acc[SHARED_SUMS ? 1 : ITEMS][VEC];
 #pragma unroll
-  for (int i = 0; i < ITEMS; ++i) {
+  for (int i = 0; i < (SHARED_SUMS ? 1 : ITEMS); ++i) {
 #pragma unroll
     for (int k = 0; k < VEC; ++k) dw_acc[i][k] = db_acc[i][k] = 0;
   }
@@ -96,6 +104,29 @@ __global__ void __launch_bounds__(BLOCK, BwdRegBlocks<T, ITEMS, BLOCK>::value)
   extern __shared__ __align__(16) unsigned char dyn_smem[];
   P* const sx = reinterpret_cast<P*>(dyn_smem) + (threadIdx.x / TPR) * (2 * ITEMS * TPR) + lane;
   P* const sg = sx + ITEMS * TPR;
+  // SHARED_SUMS: the thread's dw/db sums of slot i in 16-byte chunks, chunk c of dw at
+  // sums[(i * CHUNKS + c) * TPR] and of db CHUNKS * ITEMS * TPR chunks later (after the AHEAD
+  // packs), so a warp's accesses are consecutive 16-byte words
+  typedef Pack<A, 16 / sizeof(A)> Chunk;
+  constexpr int CHUNKS = VEC * sizeof(A) / 16;
+  static_assert(!SHARED_SUMS || (AHEAD && ROWS == 1 && sizeof(P) == 16 &&
+                                 CHUNKS * 16 == VEC * sizeof(A)),
+                "SHARED_SUMS: a block per row, the next row ahead in 16-byte packs");
+  Chunk* const sums = reinterpret_cast<Chunk*>(sx + 2 * ITEMS * TPR);
+  auto dw_sums = [&](const int i, const int c) -> Chunk& { return sums[(i * CHUNKS + c) * TPR]; };
+  auto db_sums = [&](const int i, const int c) -> Chunk& {
+    return sums[((ITEMS + i) * CHUNKS + c) * TPR];
+  };
+  if constexpr (SHARED_SUMS) {
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+#pragma unroll
+      for (int c = 0; c < CHUNKS; ++c) {
+#pragma unroll
+        for (int k = 0; k < 16 / (int)sizeof(A); ++k) dw_sums(i, c).v[k] = db_sums(i, c).v[k] = 0;
+      }
+    }
+  }
   A mu_next = 0, r_next = 0;
   auto prefetch = [&](const i64 r) {
     if (r < M) {
@@ -145,7 +176,7 @@ __global__ void __launch_bounds__(BLOCK, BwdRegBlocks<T, ITEMS, BLOCK>::value)
         g[k] = w != nullptr ? d[k] * g[k] : d[k];
       }
     };
-    constexpr bool KEEP_G = BwdRegBlocks<T, ITEMS, BLOCK>::value == 1;
+    constexpr bool KEEP_G = BwdRegBlocks<T, ITEMS, BLOCK, SHARED_SUMS>::value == 1 && !SHARED_SUMS;
     A kept[KEEP_G ? ITEMS : 1][VEC];
 
     A s1 = 0, s2 = 0;  // sum(xhat * g), sum(g)
@@ -157,8 +188,10 @@ __global__ void __launch_bounds__(BLOCK, BwdRegBlocks<T, ITEMS, BLOCK>::value)
         unpack(i, col, xh, d, g);
 #pragma unroll
         for (int k = 0; k < VEC; ++k) {
-          dw_acc[i][k] += d[k] * xh[k];
-          db_acc[i][k] += d[k];
+          if constexpr (!SHARED_SUMS) {
+            dw_acc[i][k] += d[k] * xh[k];
+            db_acc[i][k] += d[k];
+          }
           s1 += xh[k] * g[k];
           s2 += g[k];
           if constexpr (KEEP_G) kept[i][k] = g[k];
@@ -187,6 +220,20 @@ __global__ void __launch_bounds__(BLOCK, BwdRegBlocks<T, ITEMS, BLOCK>::value)
 #pragma unroll
         for (int k = 0; k < VEC; ++k) o[k] = (g[k] - (xh[k] * c1 + c2)) * r;
         store_pack<T, A, VEC>(dxr + col, o);
+        if constexpr (SHARED_SUMS) {  // after the row sums: off the path to the barrier
+#pragma unroll
+          for (int c = 0; c < CHUNKS; ++c) {
+            Chunk sw = dw_sums(i, c), sb = db_sums(i, c);
+#pragma unroll
+            for (int k = 0; k < 16 / (int)sizeof(A); ++k) {
+              const int e = c * (16 / sizeof(A)) + k;
+              sw.v[k] += d[e] * xh[e];
+              sb.v[k] += d[e];
+            }
+            dw_sums(i, c) = sw;
+            db_sums(i, c) = sb;
+          }
+        }
       }
     }
   }
@@ -194,7 +241,20 @@ __global__ void __launch_bounds__(BLOCK, BwdRegBlocks<T, ITEMS, BLOCK>::value)
   // ---- this block's dw/db partial row
   A* __restrict__ dw_out = dw_part != nullptr ? dw_part + static_cast<i64>(blockIdx.x) * N : nullptr;
   A* __restrict__ db_out = db_part + static_cast<i64>(blockIdx.x) * N;
-  if constexpr (ROWS == 1) {
+  if constexpr (SHARED_SUMS) {
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+      const int col = (i * TPR + lane) * VEC;
+      if (col < N) {
+#pragma unroll
+        for (int c = 0; c < CHUNKS; ++c) {
+          constexpr int E = 16 / sizeof(A);
+          if (dw_out != nullptr) *reinterpret_cast<Chunk*>(dw_out + col + c * E) = dw_sums(i, c);
+          *reinterpret_cast<Chunk*>(db_out + col + c * E) = db_sums(i, c);
+        }
+      }
+    }
+  } else if constexpr (ROWS == 1) {
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
       const int col = (i * TPR + lane) * VEC;
