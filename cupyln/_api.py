@@ -212,21 +212,29 @@ def _forward_kernel(device_id, n, x_dtype, w_dtype, b_dtype, vec, items):
     )
 
 
+def partial_reduce(device_id, n, x_dtype, w_dtype, db_dtype):
+    """(launcher, grid) of ln_partial_reduce, the fixed-order sum of dw/db partial rows of N
+    columns, on this device."""
+    cols = _launch.partial_reduce_cols(n, _device(device_id).sm_count)
+    expr = _launch.reduce_expr(x_dtype, w_dtype, db_dtype, cols)
+    return Launcher(_get(_compile.BWD_SOURCE, expr, device_id, 0), _REDUCE_ARGS), -(-n // cols)
+
+
 @lru_cache(maxsize=4096)
 def _backward_launch(device_id, n, x_dtype, w_dtype, db_dtype, vec):
-    """(launcher, plan, resident blocks, partial-reduce launcher, dw/db column launcher or
-    None) of the backward for this problem on this device."""
+    """(launcher, plan, resident blocks, (partial-reduce launcher, its grid), dw/db column
+    launcher or None) of the backward for this problem on this device."""
     dev = _device(device_id)
     plan = _launch.backward_plan(n, x_dtype, w_dtype, vec, dev.smem_optin, dev.max_cluster)
     k = _get(plan.source, plan.expr, device_id, plan.smem)
-    red = _get(_compile.BWD_SOURCE, _launch.reduce_expr(x_dtype, w_dtype, db_dtype), device_id, 0)
+    red = partial_reduce(device_id, n, x_dtype, w_dtype, db_dtype)
     cols = None
     if plan.tier == "row":
         cols = _get(_compile.BWD_SOURCE, _launch.dwdb_cols_expr(x_dtype), device_id, 0)
         cols = Launcher(cols, _COLS_ARGS)
     fmt = _BWD_ROW_ARGS if plan.tier == "row" else _BWD_REG_ARGS  # with partials
     cap = _capacity(k, plan.block, plan.smem, device_id, plan.cluster)
-    return Launcher(k, fmt), plan, cap, Launcher(red, _REDUCE_ARGS), cols
+    return Launcher(k, fmt), plan, cap, red, cols
 
 
 @lru_cache(maxsize=4096)
@@ -343,7 +351,7 @@ def launch_backward(dev, m, n, dy_ptr, dy_stride, x_ptr, x_stride, x_dtype, w_pt
     (memory allocated on that stream); the owner is dropped once they are enqueued."""
     esz = acc_dtype(x_dtype).itemsize
     vec = _vector_width(x_dtype.itemsize, n, (x_stride, dy_stride), (x_ptr | dy_ptr | dx_ptr) & 15)
-    k, plan, cap, red, cols = _backward_launch(dev, n, x_dtype, w_dtype, db_dtype, vec)
+    k, plan, cap, (red, red_grid), cols = _backward_launch(dev, n, x_dtype, w_dtype, db_dtype, vec)
     stream = _current_stream() if stream is None else stream
     if plan.tier == "row":
         g, per = _launch.dwdb_slices(m, n, _device(dev).sm_count)
@@ -360,7 +368,7 @@ def launch_backward(dev, m, n, dy_ptr, dy_stride, x_ptr, x_stride, x_dtype, w_pt
           x_stride, w_ptr, mean_ptr, rstd_ptr, dx_ptr, m, n)  # fmt: skip
         cols((-(-n // 32), g), _launch.REDUCE_BLOCK, 0, stream, dy_ptr, dy_stride, x_ptr,
              x_stride, mean_ptr, rstd_ptr, dw_part, db_part, m, n, per)  # fmt: skip
-    red(-(-n // 32), _launch.REDUCE_BLOCK, 0, stream, dw_part, db_part, g, n, dw_ptr, db_ptr)
+    red(red_grid, _launch.PARTIAL_REDUCE_BLOCK, 0, stream, dw_part, db_part, g, n, dw_ptr, db_ptr)
     del owner  # back to its allocator, reusable by later work on this stream only
 
 

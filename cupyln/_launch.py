@@ -156,7 +156,8 @@ FWD_CLUSTER_ROWS = 1
 BWD_RING_BLOCK = 512
 MAX_CLUSTER = 8  # the portable cluster size limit
 MAX_GRID = 2**31 - 1  # blocks in a grid's x dimension; the kernels' row loops take the rest
-REDUCE_BLOCK = (32, 8)  # ln_partial_reduce and ln_bwd_dwdb_cols
+REDUCE_BLOCK = (32, 8)  # ln_bwd_dwdb_cols
+PARTIAL_REDUCE_BLOCK = (32, 32)  # ln_partial_reduce
 
 
 @dataclass(frozen=True)
@@ -434,9 +435,20 @@ def dwdb_cols_expr(x_dtype) -> str:
     return _compile.template("ln_bwd_dwdb_cols", ctype(x_dtype))
 
 
-def reduce_expr(x_dtype, dw_dtype, db_dtype) -> str:
+def partial_reduce_cols(n: int, sm_count: int) -> int:
+    """Columns per ln_partial_reduce block: 32 (a warp reads 128 bytes of one partial row), or 8
+    where N / 32 blocks would leave SMs idle (a warp reads 32 bytes of each of 4 rows): H200,
+    bf16 M*N = 2**27, the backward with the reduce at (32, 8) threads and 32 columns, against
+    (32, 32) threads: N=1024 3536 GB/s against 3727, 2048 3586 / 3690, 4096 3604 / 3650."""
+    return 32 if _cdiv(n, 32) >= sm_count else 8
+
+
+def reduce_expr(x_dtype, dw_dtype, db_dtype, cols: int) -> str:
+    """ln_partial_reduce of ``cols`` columns a block (partial_reduce_cols); its grid is
+    ceil(N / cols) blocks of PARTIAL_REDUCE_BLOCK threads."""
     acc = ctype(acc_dtype(x_dtype))
-    return _compile.template("ln_partial_reduce", acc, ctype(dw_dtype), ctype(db_dtype))
+    y = PARTIAL_REDUCE_BLOCK[1]
+    return _compile.template("ln_partial_reduce", acc, ctype(dw_dtype), ctype(db_dtype), y, cols)
 
 
 def dwdb_slices(m: int, n: int, sm_count: int) -> tuple[int, int]:

@@ -147,7 +147,7 @@ def main():
             if built is None:
                 continue
             k, cap = built
-            red = _api._get(_compile.BWD_SOURCE, _launch.reduce_expr(dt, dt, dt), dev, 0)
+            red, red_grid = _api.partial_reduce(dev, n, dt, dt, dt)
             cols = _api._get(_compile.BWD_SOURCE, _launch.dwdb_cols_expr(dt), dev, 0)
             for mult in (0.5, 1, 2) if tier == "reg" else (1,):
                 rows = block // tpr
@@ -168,8 +168,8 @@ def main():
                         cols((-(-n // 32), gs), (32, 8), (dy, numpy.int64(n), x, numpy.int64(n),
                              mean0, rstd0, part[0], part[1], numpy.int64(m), numpy.int32(n),
                              numpy.int64(per)))  # fmt: skip
-                    red((-(-n // 32),), (32, 8), (part[0], part[1], numpy.int32(gs),
-                        numpy.int32(n), dw, db))  # fmt: skip
+                    red(red_grid, _launch.PARTIAL_REDUCE_BLOCK, 0, 0, part[0].data.ptr,
+                        part[1].data.ptr, gs, n, dw.data.ptr, db.data.ptr)  # fmt: skip
 
                 dx.view(cupy.uint8).fill(0xFF)
                 launch()

@@ -50,7 +50,8 @@ def variants(x_dtype):
                 out[p.source].add(p.expr)
                 p = _launch.forward_plan(n, x_dtype, tw, tb, vec, SMEM_H100, 8)  # and cluster
                 out[p.source].add(p.expr)
-            out[_compile.BWD_SOURCE].add(_launch.reduce_expr(x_dtype, tw, tb))
+            for cols in (8, 32):  # partial_reduce_cols
+                out[_compile.BWD_SOURCE].add(_launch.reduce_expr(x_dtype, tw, tb, cols))
         for n, vec in ((4096, 1), (32768, 16 // x_dtype.itemsize)):  # reg, cluster
             p = _launch.backward_plan(n, x_dtype, tw, vec, SMEM_H100, _launch.MAX_CLUSTER)
             out[_compile.BWD_SOURCE].add(p.expr)

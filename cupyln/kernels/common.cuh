@@ -13,7 +13,7 @@
 //   * walk_vectors: a group's strided walk over the packs of a span, U loads in flight;
 //   * group_sum: a sum over the TPR threads that own one row, identical in every thread
 //     (xor butterfly inside a warp, fixed-order sum of per-warp partials across warps);
-//   * sum_over_y8: fixed-order column sums in the (32, 8) blocks of the dw/db kernels.
+//   * sum_over_y: fixed-order column sums in the (32, Y) blocks of the dw/db kernels.
 #pragma once
 
 namespace cupyln {
@@ -262,17 +262,17 @@ __device__ __forceinline__ void group_sum2(A& a, A& b, A* red) {
   }
 }
 
-// Column sums in a (32, 8) block: adds the 8 partial pairs (a, b) of each column, in threadIdx.y
+// Column sums in a (32, Y) block: adds the Y partial pairs (a, b) of each column, in threadIdx.y
 // order. The sums are valid in the threads with threadIdx.y == 0; every thread must call it.
-template <typename A>
-__device__ __forceinline__ void sum_over_y8(A& a, A& b) {
-  __shared__ A sa[8][32], sb[8][32];
+template <int Y, typename A>
+__device__ __forceinline__ void sum_over_y(A& a, A& b) {
+  __shared__ A sa[Y][32], sb[Y][32];
   sa[threadIdx.y][threadIdx.x] = a;
   sb[threadIdx.y][threadIdx.x] = b;
   __syncthreads();
   if (threadIdx.y == 0) {
 #pragma unroll
-    for (int j = 1; j < 8; ++j) {
+    for (int j = 1; j < Y; ++j) {
       a += sa[j][threadIdx.x];
       b += sb[j][threadIdx.x];
     }

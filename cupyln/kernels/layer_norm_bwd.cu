@@ -604,7 +604,7 @@ __global__ void __launch_bounds__(256, 1)
       dba += g;
     }
   }
-  sum_over_y8(dwa, dba);
+  sum_over_y<8>(dwa, dba);
   if (threadIdx.y == 0 && col < N) {
     const i64 o = static_cast<i64>(blockIdx.y) * N + col;
     if (dw_part != nullptr) dw_part[o] = dwa;
@@ -613,25 +613,55 @@ __global__ void __launch_bounds__(256, 1)
 }
 
 // dw[c] = sum_g dw_part[g, c], db[c] = sum_g db_part[g, c], in a fixed order, cast to TW / TB.
-//   Block (32, 8): threadIdx.y takes every 8th partial row, then the 8 sums are added in y order.
-template <typename A, typename TW, typename TB>
-__global__ void __launch_bounds__(256, 1)
+//   Block (32, Y) over C columns (8, 16 or 32): lane x of warp y takes column x % C and row phase
+//   p = y * 32 / C + x / C of the block's P = Y * 32 / C, adding the partial rows p, p + P, ...
+//   in row order, U rows of each array loaded before it adds them (the partials are read once,
+//   by N / C blocks, so each thread keeps 2 * U loads in flight). Then the Y sums of each lane
+//   are added in y order, and the 32 / C lanes of a column in lane order. With C = 8 a warp's
+//   load reads 32 bytes of each of 4 partial rows, 4 times the blocks of C = 32 for narrow N.
+template <typename A, typename TW, typename TB, int Y, int C>
+__global__ void __launch_bounds__(32 * Y, 1)
     ln_partial_reduce(const A* __restrict__ dw_part, const A* __restrict__ db_part, const int G,
                       const int N, TW* __restrict__ dw, TB* __restrict__ db) {
-  const int col = blockIdx.x * 32 + threadIdx.x;
+  static_assert(C == 8 || C == 16 || C == 32, "columns per block");
+  constexpr int U = 4;
+  constexpr int P = Y * (32 / C);  // row phases
+  const int col = blockIdx.x * C + threadIdx.x % C;
   A dwa = 0, dba = 0;
   if (col < N) {
-#pragma unroll 4
-    for (int g = threadIdx.y; g < G; g += 8) {
+    int g = threadIdx.y * (32 / C) + threadIdx.x / C;
+    for (; g + (U - 1) * P < G; g += U * P) {
+      A pw[U], pb[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const i64 o = static_cast<i64>(g + u * P) * N + col;
+        pw[u] = dw_part != nullptr ? dw_part[o] : A(0);
+        pb[u] = db_part[o];
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        dwa += pw[u];
+        dba += pb[u];
+      }
+    }
+    for (; g < G; g += P) {
       const i64 o = static_cast<i64>(g) * N + col;
       if (dw_part != nullptr) dwa += dw_part[o];
       dba += db_part[o];
     }
   }
-  sum_over_y8(dwa, dba);
-  if (threadIdx.y == 0 && col < N) {
-    if (dw != nullptr) dw[col] = narrow<TW>(dwa);
-    db[col] = narrow<TB>(dba);
+  sum_over_y<Y>(dwa, dba);
+  if (threadIdx.y == 0) {  // warp 0, every lane: lanes x, x + C, ... hold column x's sums
+    A tw = dwa, tb = dba;
+#pragma unroll
+    for (int j = 1; j < 32 / C; ++j) {
+      tw += __shfl_down_sync(0xffffffffu, dwa, j * C);
+      tb += __shfl_down_sync(0xffffffffu, dba, j * C);
+    }
+    if (threadIdx.x < C && col < N) {
+      if (dw != nullptr) dw[col] = narrow<TW>(tw);
+      db[col] = narrow<TB>(tb);
+    }
   }
 }
 
