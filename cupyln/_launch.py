@@ -437,10 +437,11 @@ def dwdb_cols_expr(x_dtype) -> str:
 
 def partial_reduce_cols(n: int, sm_count: int) -> int:
     """Columns per ln_partial_reduce block: 32 (a warp reads 128 bytes of one partial row), or 8
-    where N / 32 blocks would leave SMs idle (a warp reads 32 bytes of each of 4 rows): H200,
-    bf16 M*N = 2**27, the backward with the reduce at (32, 8) threads and 32 columns, against
-    (32, 32) threads: N=1024 3536 GB/s against 3727, 2048 3586 / 3690, 4096 3604 / 3650."""
-    return 32 if _cdiv(n, 32) >= sm_count else 8
+    (a warp reads 32 bytes of each of 4 rows) where even 4 times the blocks of 32 columns leave
+    SMs idle. H200, bf16 M*N = 2**27, the backward with the reduce at (32, 8) threads, then
+    (32, 32) at 32 columns, then at 8: N=512 3682 / 3750 / 3776 GB/s, 768 3056 / 3225 / 3262,
+    1024 3518 / 3711 / 3738, 2048 3577 / 3674 / 3666, 4096 3596 / 3635 / 3596."""
+    return 32 if 4 * _cdiv(n, 32) > sm_count else 8
 
 
 def reduce_expr(x_dtype, dw_dtype, db_dtype, cols: int) -> str:

@@ -300,10 +300,10 @@ def test_dwdb_slices_cover_rows_within_grid_limits(m, n):
 @pytest.mark.parametrize("n", [1, 33, 512, 1024, 4095, 4096, 4224, 65537])
 @pytest.mark.parametrize("sms", [16, 132])
 def test_partial_reduce_covers_the_columns(n, sms):
-    """ln_partial_reduce: 32 columns a block where that gives every SM a block, else 8 (4 rows
-    a warp load), named in its template."""
+    """ln_partial_reduce: 8 columns a block (4 rows a warp load) where even 4 times the blocks
+    of 32 columns leave SMs idle, else 32; named in its template."""
     cols = _launch.partial_reduce_cols(n, sms)
-    assert cols == (32 if -(-n // 32) >= sms else 8)
+    assert cols == (32 if 4 * -(-n // 32) > sms else 8)
     expr = _launch.reduce_expr(np.dtype("float16"), np.dtype("float32"), np.dtype("float16"), cols)
     y = _launch.PARTIAL_REDUCE_BLOCK[1]
     assert expr == f"cupyln::ln_partial_reduce<float, float, cupyln::half_t, {y}, {cols}>"
