@@ -95,6 +95,7 @@ BWD_REG_AHEAD_BLOCK = 256  # 16-bit backward blocks this large copy the next row
 BWD_REG_VALUES = 16
 BWD_SHARED_SUMS_BLOCK = 448  # 16-bit backward blocks this large keep dw/db in shared memory
 BWD_SHARED_SUMS_BLOCK_MAX = 1024  # ...in blocks of up to this many threads
+BWD_SHARED_SUMS_SKIP = (960,)  # ...but not these, which ptxas spills at 64 registers (the next)
 BWD_MIN_STEPS = 8  # groups of rows each backward block walks at least (backward_grid)
 MAX_ITEMS = 8  # vector slots per thread: 16 unrolled scalar slots spill in the backward
 MIN_TPR = 4
@@ -399,6 +400,8 @@ def backward_plan(n: int, x_dtype, w_dtype, vec: int, smem_limit: int,
     shared = False
     if packs16:  # x and dy ahead (2 bytes an element each), dw/db sums (4 bytes each)
         wide = _reg_shape(n, vec, values, BWD_SHARED_SUMS_BLOCK_MAX)
+        if wide is not None and wide[2] in BWD_SHARED_SUMS_SKIP:
+            wide = (wide[0] + REG_BLOCK_STEP, wide[1], wide[2] + REG_BLOCK_STEP)
         if (
             wide is not None
             and wide[2] >= BWD_SHARED_SUMS_BLOCK

@@ -98,6 +98,7 @@ def test_every_width_gets_a_valid_plan(dtype, smem):
                         ahead = packs16 and plan.block >= 256
                         shared = packs16 and plan.block >= _launch.BWD_SHARED_SUMS_BLOCK
                         assert shared or plan.block <= 512, plan
+                        assert plan.block not in _launch.BWD_SHARED_SUMS_SKIP, plan
                         flags = f"{str(ahead).lower()}, {str(shared).lower()}"
                         assert plan.expr.endswith(f", {plan.block}, {flags}>"), plan
                         pair = 2 * plan.block * plan.items * vec * dtype.itemsize

@@ -217,10 +217,8 @@ __global__ void __launch_bounds__(BLOCK, BwdRegBlocks<T, ITEMS, BLOCK, SHARED_SU
         } else {
           unpack(i, col, xh, d, g);
         }
-#pragma unroll
-        for (int k = 0; k < VEC; ++k) o[k] = (g[k] - (xh[k] * c1 + c2)) * r;
-        store_pack<T, A, VEC>(dxr + col, o);
-        if constexpr (SHARED_SUMS) {  // after the row sums: off the path to the barrier
+        if constexpr (SHARED_SUMS) {  // after the row sums, off the path to the barrier; before
+          // dx's values, so that d and o are not live at once (ptxas spilled blocks of 448)
 #pragma unroll
           for (int c = 0; c < CHUNKS; ++c) {
             Chunk sw = dw_sums(i, c), sb = db_sums(i, c);
@@ -234,6 +232,9 @@ __global__ void __launch_bounds__(BLOCK, BwdRegBlocks<T, ITEMS, BLOCK, SHARED_SU
             db_sums(i, c) = sb;
           }
         }
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) o[k] = (g[k] - (xh[k] * c1 + c2)) * r;
+        store_pack<T, A, VEC>(dxr + col, o);
       }
     }
   }
