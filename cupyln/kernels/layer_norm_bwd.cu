@@ -55,8 +55,9 @@ __device__ __forceinline__ void row_packs(const T* __restrict__ xr, const T* __r
 //   row. Dynamic shared memory: 2 * BLOCK * ITEMS packs.
 //   With SHARED_SUMS (a block per row, with AHEAD, 16-byte packs), the dw/db sums live in
 //   dynamic shared memory after those packs (2 * BLOCK * ITEMS * VEC values of A), each thread
-//   owning its columns' sums as it owned the registers, and are added to after dx is stored:
-//   the registers left hold x and dy, and blocks of up to 1024 threads fit.
+//   owning its columns' sums as it owned the registers, and are added to in pass 2 (after the
+//   row's reduction, off the path to its barrier): the registers left hold x and dy, and
+//   blocks of up to 1024 threads fit.
 // Limits: N <= TPR * ITEMS * VEC; 2 * ITEMS * VEC registers of A for the accumulators (none
 // with SHARED_SUMS) and up to as many for data (launcher: ITEMS * VEC <= 16); AHEAD needs packs
 // of 4, 8 or 16 bytes.
