@@ -120,6 +120,19 @@ def test_sweep(dtype, m, n):
     run_and_check(*inputs((m, n), dtype, dtype, dtype))
 
 
+@pytest.mark.parametrize("n,block", [(7000, 448), (15000, 1024)])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_shared_sums_rows_with_empty_slots(dtype, n, block):
+    """16-bit backward rows whose dw/db sums live in shared memory, with threads whose second
+    slot lies past N: 7000 in blocks of 448 threads, 15000 in 1024 (960 would spill)."""
+    x, w, b, dy = inputs((1151, n), dtype, dtype, dtype)
+    if int(x.device.compute_capability) >= 90:  # the plan (sm_80's shared memory is smaller)
+        assert (
+            f"reg vec=8 items=2 tpr={block} block={block} " in cupyln.describe(x, w, b)["backward"]
+        )
+    run_and_check(x, w, b, dy)
+
+
 # Every pairing of x, w, b dtypes (None = no w / no b) at a vector-path and a scalar-path width.
 COMBOS = list(itertools.product(DTYPES, DTYPES + [None], DTYPES + [None]))
 
