@@ -397,24 +397,29 @@ def backward_plan(n: int, x_dtype, w_dtype, vec: int, smem_limit: int,
     shape = _reg_shape(n, vec, values, REG_BLOCK_MAX)
     # 16-bit rows in 16-byte packs (narrower packs, more of them, spill under the bounds)
     packs16 = x_dtype.itemsize == 2 and vec == 8
+
+    def reg_smem(block, items, shared):
+        """Dynamic shared memory: x and dy of the next row (AHEAD), the dw/db sums (shared)."""
+        values = block * items * vec
+        ahead = 2 * values * x_dtype.itemsize if block >= BWD_REG_AHEAD_BLOCK else 0
+        return ahead + (2 * values * acc_dtype(x_dtype).itemsize if shared else 0)
+
     shared = False
-    if packs16:  # x and dy ahead (2 bytes an element each), dw/db sums (4 bytes each)
+    if packs16:
         wide = _reg_shape(n, vec, values, BWD_SHARED_SUMS_BLOCK_MAX)
         if wide is not None and wide[2] in BWD_SHARED_SUMS_SKIP:
             wide = (wide[0] + REG_BLOCK_STEP, wide[1], wide[2] + REG_BLOCK_STEP)
         if (
             wide is not None
             and wide[2] >= BWD_SHARED_SUMS_BLOCK
-            and 12 * wide[2] * wide[1] * vec <= smem_limit - STATIC_SMEM_MARGIN
+            and reg_smem(wide[2], wide[1], True) <= smem_limit - STATIC_SMEM_MARGIN
         ):
             shape, shared = wide, True
     if shape is not None:
         tpr, items, block = shape
         ahead = packs16 and block >= BWD_REG_AHEAD_BLOCK
         expr = _compile.template("ln_bwd_reg", tx, tw, vec, items, tpr, block, ahead, shared)
-        smem = 2 * block * items * vec * x_dtype.itemsize if ahead else 0
-        if shared:  # dw and db sums of the thread's columns, in the arithmetic type
-            smem += 2 * block * items * vec * acc_dtype(x_dtype).itemsize
+        smem = reg_smem(block, items, shared) if packs16 else 0
         return Plan(_compile.BWD_SOURCE, expr, "reg", vec, items, tpr, block, block // tpr, smem)
     ring = _bwd_ring_shape(n, vec, x_dtype.itemsize, values, _share(smem_limit), max_cluster)
     if ring is not None:

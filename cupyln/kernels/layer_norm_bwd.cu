@@ -108,10 +108,11 @@ __global__ void __launch_bounds__(BLOCK, BwdRegBlocks<T, ITEMS, BLOCK, SHARED_SU
   // SHARED_SUMS: the thread's dw/db sums of slot i in 16-byte chunks, chunk c of dw at
   // sums[(i * CHUNKS + c) * TPR] and of db CHUNKS * ITEMS * TPR chunks later (after the AHEAD
   // packs), so a warp's accesses are consecutive 16-byte words
-  typedef Pack<A, 16 / sizeof(A)> Chunk;
-  constexpr int CHUNKS = VEC * sizeof(A) / 16;
+  constexpr int CHUNK = 16 / sizeof(A);  // values of A a chunk
+  typedef Pack<A, CHUNK> Chunk;
+  constexpr int CHUNKS = VEC / CHUNK;
   static_assert(!SHARED_SUMS || (AHEAD && ROWS == 1 && sizeof(P) == 16 &&
-                                 CHUNKS * 16 == VEC * sizeof(A)),
+                                 CHUNKS * CHUNK == VEC),
                 "SHARED_SUMS: a block per row, the next row ahead in 16-byte packs");
   Chunk* const sums = reinterpret_cast<Chunk*>(sx + 2 * ITEMS * TPR);
   auto dw_sums = [&](const int i, const int c) -> Chunk& { return sums[(i * CHUNKS + c) * TPR]; };
@@ -124,7 +125,7 @@ __global__ void __launch_bounds__(BLOCK, BwdRegBlocks<T, ITEMS, BLOCK, SHARED_SU
 #pragma unroll
       for (int c = 0; c < CHUNKS; ++c) {
 #pragma unroll
-        for (int k = 0; k < 16 / (int)sizeof(A); ++k) dw_sums(i, c).v[k] = db_sums(i, c).v[k] = 0;
+        for (int k = 0; k < CHUNK; ++k) dw_sums(i, c).v[k] = db_sums(i, c).v[k] = 0;
       }
     }
   }
@@ -224,8 +225,8 @@ __global__ void __launch_bounds__(BLOCK, BwdRegBlocks<T, ITEMS, BLOCK, SHARED_SU
           for (int c = 0; c < CHUNKS; ++c) {
             Chunk sw = dw_sums(i, c), sb = db_sums(i, c);
 #pragma unroll
-            for (int k = 0; k < 16 / (int)sizeof(A); ++k) {
-              const int e = c * (16 / sizeof(A)) + k;
+            for (int k = 0; k < CHUNK; ++k) {
+              const int e = c * CHUNK + k;
               sw.v[k] += d[e] * xh[e];
               sb.v[k] += d[e];
             }
@@ -250,9 +251,8 @@ __global__ void __launch_bounds__(BLOCK, BwdRegBlocks<T, ITEMS, BLOCK, SHARED_SU
       if (col < N) {
 #pragma unroll
         for (int c = 0; c < CHUNKS; ++c) {
-          constexpr int E = 16 / sizeof(A);
-          if (dw_out != nullptr) *reinterpret_cast<Chunk*>(dw_out + col + c * E) = dw_sums(i, c);
-          *reinterpret_cast<Chunk*>(db_out + col + c * E) = db_sums(i, c);
+          if (dw_out != nullptr) *reinterpret_cast<Chunk*>(dw_out + col + c * CHUNK) = dw_sums(i, c);
+          *reinterpret_cast<Chunk*>(db_out + col + c * CHUNK) = db_sums(i, c);
         }
       }
     }
