@@ -133,6 +133,20 @@ def test_shared_sums_rows_with_empty_slots(dtype, n, block):
     run_and_check(x, w, b, dy)
 
 
+@pytest.mark.parametrize("n,cluster,block", [(10240, 2, 320), (20480, 4, 320), (65536, 8, 512)])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_backward_register_clusters(dtype, n, cluster, block):
+    """16-bit backward rows split over a cluster of register blocks on sm_90 (elsewhere their
+    own tiers), checked against the float64 reference with NaN-poisoned outputs; fewer rows
+    than clusters too."""
+    for m in (5, 700):
+        x, w, b, dy = inputs((m, n), dtype, dtype, dtype)
+        if int(x.device.compute_capability) >= 90:
+            got = cupyln.describe(x, w, b)["backward"]
+            assert f"tpr={block} block={block} " in got and got.endswith(f"cluster={cluster}")
+        run_and_check(x, w, b, dy)
+
+
 # Every pairing of x, w, b dtypes (None = no w / no b) at a vector-path and a scalar-path width.
 COMBOS = list(itertools.product(DTYPES, DTYPES + [None], DTYPES + [None]))
 
@@ -254,9 +268,10 @@ def test_nan_in_dy_stays_in_its_row_and_column(n):
 
 
 # Widths of the cluster tiers (sm_90) whose blocks get unequal slices of the row. Backward:
-# 32776 bf16 (4097 packs over 4 blocks), 16385 float32 (scalar packs over 4), 98304 bf16 (8
-# blocks); forward in registers: 131080 bf16 (16385 packs over 8 blocks of 320 threads), 40000
-# float32 (2500 packs a block, idle lanes); forward staged: 32770 float64 (16385 packs over 4).
+# 32776 bf16 (registers: 8 blocks of 320 threads, the last without columns), 16385 float32
+# (scalar packs over 4), 98304 bf16 (8 staged blocks); forward in registers: 131080 bf16
+# (16385 packs over 8 blocks of 320 threads), 40000 float32 (2500 packs a block, idle lanes);
+# forward staged: 32770 float64 (16385 packs over 4).
 # Rows fewer than clusters (1, 37) leave clusters without rows.
 @pytest.mark.parametrize("m", [1, 37, 700])
 @pytest.mark.parametrize(

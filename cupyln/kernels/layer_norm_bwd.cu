@@ -58,29 +58,41 @@ __device__ __forceinline__ void row_packs(const T* __restrict__ xr, const T* __r
 //   owning its columns' sums as it owned the registers, and are added to in pass 2 (after the
 //   row's reduction, off the path to its barrier): the registers left hold x and dy, and
 //   blocks of up to 1024 threads fit.
-// Limits: N <= TPR * ITEMS * VEC; 2 * ITEMS * VEC registers of A for the accumulators (none
-// with SHARED_SUMS) and up to as many for data (launcher: ITEMS * VEC <= 16); AHEAD needs packs
-// of 4, 8 or 16 bytes.
+//   ln_bwd_reg_cluster (sm_90+): rows split over a thread-block cluster of C such blocks, a
+//   row a cluster: block k holds the columns [k*S, (k+1)*S) of each row (S = BLOCK * ITEMS *
+//   VEC; the last block's slice may be shorter, or empty), the cluster walks rows q, q + Q, ...
+//   (q of Q clusters), the blocks add their row sums through distributed shared memory in rank
+//   order (ClusterExchange; the next row's copies are issued while they wait for each other),
+//   and each block writes its slice of partial row q. Its stores go through store_whole (the
+//   compiler split them into 2-byte stores).
+// Limits: N <= C * TPR * ITEMS * VEC; 2 * ITEMS * VEC registers of A for the accumulators
+// (none with SHARED_SUMS) and up to as many for data (launcher: ITEMS * VEC <= 16); AHEAD
+// needs packs of 4, 8 or 16 bytes; C > 1 needs AHEAD, a block per row and 16-byte packs.
 template <typename T, typename TW, int VEC, int ITEMS, int TPR, int BLOCK, bool AHEAD,
-          bool SHARED_SUMS>
-__global__ void __launch_bounds__(BLOCK, BwdRegBlocks<T, ITEMS, BLOCK, SHARED_SUMS>::value)
-    ln_bwd_reg(const T* __restrict__ dy, const i64 dy_stride, const T* __restrict__ x,
-               const i64 x_stride, const TW* __restrict__ w,
-               const typename AccOf<T>::type* __restrict__ mean,
-               const typename AccOf<T>::type* __restrict__ rstd, T* __restrict__ dx,
-               typename AccOf<T>::type* __restrict__ dw_part,
-               typename AccOf<T>::type* __restrict__ db_part, const i64 M, const int N) {
+          bool SHARED_SUMS, int C>
+__device__ __forceinline__ void bwd_reg_rows(
+    const T* __restrict__ dy, const i64 dy_stride, const T* __restrict__ x, const i64 x_stride,
+    const TW* __restrict__ w, const typename AccOf<T>::type* __restrict__ mean,
+    const typename AccOf<T>::type* __restrict__ rstd, T* __restrict__ dx,
+    typename AccOf<T>::type* __restrict__ dw_part, typename AccOf<T>::type* __restrict__ db_part,
+    const i64 M, const int N, typename AccOf<T>::type* xch) {
   typedef typename AccOf<T>::type A;
   typedef Pack<T, VEC> P;
   static_assert(TPR <= 32 ? (32 % TPR == 0 && BLOCK % 32 == 0) : TPR == BLOCK, "bad tiling");
   static_assert(BLOCK % 32 == 0 && BLOCK <= 1024, "bad block");
   constexpr int ROWS = BLOCK / TPR;
   constexpr int SLOTS = TPR * ITEMS * VEC;  // padded row length owned by one row group
+  static_assert(C == 1 || (AHEAD && ROWS == 1 && C <= 32), "a cluster: a block per row, AHEAD");
   __shared__ A red[TPR > 32 ? 2 * (TPR / 32) : 1];
+  ClusterExchange<C, A, 2> exchange{xch};  // xch: 2 * C * 2 values of __shared__ memory (C > 1)
 
   const int lane = threadIdx.x % TPR;
   const A inv_n = A(1) / A(N);
-  const i64 step = static_cast<i64>(gridDim.x) * ROWS;
+  // the cluster's index q of Q (the block's without a cluster: a cluster is C consecutive
+  // blocks), and this block's columns of the row: [lo, lo + n) of N
+  const unsigned q = C > 1 ? blockIdx.x / C : blockIdx.x;
+  const i64 step = static_cast<i64>(C > 1 ? gridDim.x / C : gridDim.x) * ROWS;
+  const int lo = C > 1 ? static_cast<int>(blockIdx.x % C) * SLOTS : 0, n = C > 1 ? N - lo : N;
 
   A dw_acc[SHARED_SUMS ? 1 : ITEMS][VEC], db_acc[SHARED_SUMS ? 1 : ITEMS][VEC];
 #pragma unroll
@@ -94,7 +106,7 @@ __global__ void __launch_bounds__(BLOCK, BwdRegBlocks<T, ITEMS, BLOCK, SHARED_SU
   auto fetch = [&](const i64 r) {
     mu_f = mean[r];
     r_f = rstd[r];
-    row_packs<ITEMS, TPR, VEC>(x + r * x_stride, dy + r * dy_stride, lane, N,
+    row_packs<ITEMS, TPR, VEC>(x + r * x_stride + lo, dy + r * dy_stride + lo, lane, n,
                                [&](const int i, const T* xp, const T* gp) {
       rx[i] = *reinterpret_cast<const P*>(xp);
       rg[i] = *reinterpret_cast<const P*>(gp);
@@ -134,7 +146,7 @@ __global__ void __launch_bounds__(BLOCK, BwdRegBlocks<T, ITEMS, BLOCK, SHARED_SU
     if (r < M) {
       mu_next = mean[r];
       r_next = rstd[r];
-      row_packs<ITEMS, TPR, VEC>(x + r * x_stride, dy + r * dy_stride, lane, N,
+      row_packs<ITEMS, TPR, VEC>(x + r * x_stride + lo, dy + r * dy_stride + lo, lane, n,
                                  [&](const int i, const T* xp, const T* gp) {
         copy_async<sizeof(P)>(sx + i * TPR, xp);
         copy_async<sizeof(P)>(sg + i * TPR, gp);
@@ -143,8 +155,9 @@ __global__ void __launch_bounds__(BLOCK, BwdRegBlocks<T, ITEMS, BLOCK, SHARED_SU
     commit_copies();
   };
 
-  i64 row = static_cast<i64>(blockIdx.x) * ROWS + threadIdx.x / TPR;
+  i64 row = static_cast<i64>(q) * ROWS + threadIdx.x / TPR;
   if constexpr (AHEAD) prefetch(row);
+  if constexpr (C > 1) cluster_sync();  // every block of the cluster runs before DSMEM is used
   for (; row < M; row += step) {
     if constexpr (AHEAD) {
       wait_copies<0>(0);
@@ -152,7 +165,7 @@ __global__ void __launch_bounds__(BLOCK, BwdRegBlocks<T, ITEMS, BLOCK, SHARED_SU
       r_f = r_next;
 #pragma unroll
       for (int i = 0; i < ITEMS; ++i) {
-        if ((i * TPR + lane) * VEC < N) {
+        if ((i * TPR + lane) * VEC < n) {
           rx[i] = sx[i * TPR];
           rg[i] = sg[i * TPR];
         }
@@ -170,7 +183,7 @@ __global__ void __launch_bounds__(BLOCK, BwdRegBlocks<T, ITEMS, BLOCK, SHARED_SU
       return (widen_at<A>(rx[i], k) - mu) * r;
     };
     auto unpack = [&](const int i, const int col, A (&xh)[VEC], A (&d)[VEC], A (&g)[VEC]) {
-      if (w != nullptr) load_pack<A, TW, VEC>(w + col, g);
+      if (w != nullptr) load_pack<A, TW, VEC>(w + lo + col, g);
 #pragma unroll
       for (int k = 0; k < VEC; ++k) {
         xh[k] = xhat(i, k);
@@ -185,7 +198,7 @@ __global__ void __launch_bounds__(BLOCK, BwdRegBlocks<T, ITEMS, BLOCK, SHARED_SU
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
       const int col = (i * TPR + lane) * VEC;
-      if (col < N) {
+      if (col < n) {
         A xh[VEC], d[VEC], g[VEC];
         unpack(i, col, xh, d, g);
 #pragma unroll
@@ -201,14 +214,25 @@ __global__ void __launch_bounds__(BLOCK, BwdRegBlocks<T, ITEMS, BLOCK, SHARED_SU
       }
     }
     group_sum2<TPR>(s1, s2, red);
+    if constexpr (C > 1) exchange.send({s1, s2});
     if constexpr (AHEAD) prefetch(row + step);
+    if constexpr (C > 1) {  // the cluster's row sums, added in rank order
+      const A* got = exchange.receive();
+      s1 = got[0];
+      s2 = got[1];
+#pragma unroll
+      for (int p = 1; p < C; ++p) {
+        s1 += got[2 * p];
+        s2 += got[2 * p + 1];
+      }
+    }
     const A c1 = s1 * inv_n, c2 = s2 * inv_n;
 
-    T* __restrict__ dxr = dx + row * N;
+    T* __restrict__ dxr = dx + row * N + lo;
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
       const int col = (i * TPR + lane) * VEC;
-      if (col < N) {
+      if (col < n) {
         A xh[VEC], d[VEC], g[VEC], o[VEC];
         if constexpr (KEEP_G) {
 #pragma unroll
@@ -236,23 +260,29 @@ __global__ void __launch_bounds__(BLOCK, BwdRegBlocks<T, ITEMS, BLOCK, SHARED_SU
         }
 #pragma unroll
         for (int k = 0; k < VEC; ++k) o[k] = (g[k] - (xh[k] * c1 + c2)) * r;
-        store_pack<T, A, VEC>(dxr + col, o);
+        store_pack<T, A, VEC, (C > 1)>(dxr + col, o);
       }
     }
   }
 
-  // ---- this block's dw/db partial row
-  A* __restrict__ dw_out = dw_part != nullptr ? dw_part + static_cast<i64>(blockIdx.x) * N : nullptr;
-  A* __restrict__ db_out = db_part + static_cast<i64>(blockIdx.x) * N;
+  // ---- this block's dw/db partial row (its slice of the cluster's)
+  const i64 slot = static_cast<i64>(q) * N + lo;
+  A* __restrict__ dw_out = dw_part != nullptr ? dw_part + slot : nullptr;
+  A* __restrict__ db_out = db_part + slot;
   if constexpr (SHARED_SUMS) {
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
       const int col = (i * TPR + lane) * VEC;
-      if (col < N) {
+      if (col < n) {
 #pragma unroll
         for (int c = 0; c < CHUNKS; ++c) {
-          if (dw_out != nullptr) *reinterpret_cast<Chunk*>(dw_out + col + c * CHUNK) = dw_sums(i, c);
-          *reinterpret_cast<Chunk*>(db_out + col + c * CHUNK) = db_sums(i, c);
+          if constexpr (C > 1) {
+            if (dw_out != nullptr) store_pack<A, A, CHUNK, true>(dw_out + col + c * CHUNK, dw_sums(i, c).v);
+            store_pack<A, A, CHUNK, true>(db_out + col + c * CHUNK, db_sums(i, c).v);
+          } else {
+            if (dw_out != nullptr) *reinterpret_cast<Chunk*>(dw_out + col + c * CHUNK) = dw_sums(i, c);
+            *reinterpret_cast<Chunk*>(db_out + col + c * CHUNK) = db_sums(i, c);
+          }
         }
       }
     }
@@ -260,9 +290,9 @@ __global__ void __launch_bounds__(BLOCK, BwdRegBlocks<T, ITEMS, BLOCK, SHARED_SU
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
       const int col = (i * TPR + lane) * VEC;
-      if (col < N) {
-        if (dw_out != nullptr) store_pack<A, A, VEC>(dw_out + col, dw_acc[i]);
-        store_pack<A, A, VEC>(db_out + col, db_acc[i]);
+      if (col < n) {
+        if (dw_out != nullptr) store_pack<A, A, VEC, (C > 1)>(dw_out + col, dw_acc[i]);
+        store_pack<A, A, VEC, (C > 1)>(db_out + col, db_acc[i]);
       }
     }
   } else {
@@ -289,6 +319,34 @@ __global__ void __launch_bounds__(BLOCK, BwdRegBlocks<T, ITEMS, BLOCK, SHARED_SU
       __syncthreads();
     }
   }
+}
+
+template <typename T, typename TW, int VEC, int ITEMS, int TPR, int BLOCK, bool AHEAD,
+          bool SHARED_SUMS>
+__global__ void __launch_bounds__(BLOCK, BwdRegBlocks<T, ITEMS, BLOCK, SHARED_SUMS>::value)
+    ln_bwd_reg(const T* __restrict__ dy, const i64 dy_stride, const T* __restrict__ x,
+               const i64 x_stride, const TW* __restrict__ w,
+               const typename AccOf<T>::type* __restrict__ mean,
+               const typename AccOf<T>::type* __restrict__ rstd, T* __restrict__ dx,
+               typename AccOf<T>::type* __restrict__ dw_part,
+               typename AccOf<T>::type* __restrict__ db_part, const i64 M, const int N) {
+  bwd_reg_rows<T, TW, VEC, ITEMS, TPR, BLOCK, AHEAD, SHARED_SUMS, 1>(
+      dy, dy_stride, x, x_stride, w, mean, rstd, dx, dw_part, db_part, M, N, nullptr);
+}
+
+template <typename T, typename TW, int VEC, int ITEMS, int BLOCK, bool SHARED_SUMS, int C>
+__global__ void CUPYLN_CLUSTER(C)
+    __launch_bounds__(BLOCK, BwdRegBlocks<T, ITEMS, BLOCK, SHARED_SUMS>::value)
+        ln_bwd_reg_cluster(const T* __restrict__ dy, const i64 dy_stride,
+                           const T* __restrict__ x, const i64 x_stride, const TW* __restrict__ w,
+                           const typename AccOf<T>::type* __restrict__ mean,
+                           const typename AccOf<T>::type* __restrict__ rstd, T* __restrict__ dx,
+                           typename AccOf<T>::type* __restrict__ dw_part,
+                           typename AccOf<T>::type* __restrict__ db_part, const i64 M,
+                           const int N) {
+  __shared__ typename AccOf<T>::type xch[2 * C * 2];
+  bwd_reg_rows<T, TW, VEC, ITEMS, BLOCK, BLOCK, true, SHARED_SUMS, C>(
+      dy, dy_stride, x, x_stride, w, mean, rstd, dx, dw_part, db_part, M, N, xch);
 }
 
 // Tier "ring": fused dx + dw/db for rows too wide to keep x and dy in registers.
