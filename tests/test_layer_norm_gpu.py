@@ -59,7 +59,7 @@ def poisoned(shape, dtype):
     return a
 
 
-def run_and_check(x, w, b, dy, eps=1e-5, bias_dtype=None, rows_scale=None):
+def run_and_check(x, w, b, dy, eps=1e-5, bias_dtype=None, rows_scale=None, dx_scale=1.0):
     """Forward and backward into poisoned outputs; compare all six results with the reference."""
     n = x.shape[-1]
     m = x.size // n
@@ -79,11 +79,11 @@ def run_and_check(x, w, b, dy, eps=1e-5, bias_dtype=None, rows_scale=None):
     dx, dw, db = cupyln.backward(dy, x, w, mean, rstd, bias_dtype=bdt, out=gouts)
     assert dx is gouts[0] and db is gouts[2] and (dw is None) == (w is None)
     with home:
-        _compare(x, w, b, dy, eps, m, rows_scale, (y, mean, rstd, dx, dw, db))
+        _compare(x, w, b, dy, eps, m, rows_scale, (y, mean, rstd, dx, dw, db), dx_scale)
     return y, mean, rstd, dx, dw, db
 
 
-def _compare(x, w, b, dy, eps, m, rows_scale, got):
+def _compare(x, w, b, dy, eps, m, rows_scale, got, dx_scale=1.0):
     y, mean, rstd, dx, dw, db = got
     yr, meanr, rstdr = ref.forward(x, w, b, eps)
     dxr, dwr, dbr = ref.backward(dy, x, w, eps, mean, rstd)  # at the saved statistics
@@ -91,7 +91,7 @@ def _compare(x, w, b, dy, eps, m, rows_scale, got):
     ref.assert_close(y, yr, "y", arithmetic=ar)
     ref.assert_close(mean, meanr, "mean", arithmetic=ar)
     ref.assert_close(rstd, rstdr, "rstd", arithmetic=ar)
-    ref.assert_close(dx, dxr, "dx", arithmetic=ar)
+    ref.assert_close(dx, dxr, "dx", atol_scale=dx_scale, arithmetic=ar)
     s = math.sqrt(max(m, 1)) if rows_scale is None else rows_scale
     if w is not None:
         ref.assert_close(dw, dwr, "dw", atol_scale=s, arithmetic=ar)
@@ -190,7 +190,15 @@ def test_internal_allocation_path():
 @pytest.mark.parametrize("n", [1, 64])
 def test_many_rows_past_grid_y_limit(n):
     # 300000 rows: far past 65535 (a grid.y limit some peers hit) and many rows per block.
-    run_and_check(*inputs((300_000, n), "float32", "float32", "float32"))
+    x, w, b, dy = inputs((300_000, n), "float32", "float32", "float32")
+    # A row of one element has dx = 0 exactly, but rstd = 1/sqrt(eps) = 316 times the rounding
+    # of g = dy * w (the kernels' float32 product, fused into the subtraction) can come out:
+    # allow that much absolute error, |g| * 2^-23 * rstd, where it exceeds the table's atol.
+    scale = 1.0
+    if n == 1:
+        g = float(cupy.abs(dy.astype("float64") * w.astype("float64")).max())
+        scale = max(1.0, g * 2.0**-23 * 1e-5**-0.5 / ref.TOLERANCE["float32"][0])
+    run_and_check(x, w, b, dy, dx_scale=scale)
 
 
 # ------------------------------------------------------------------ layouts
