@@ -57,12 +57,10 @@ Thresholds and why (H200, bf16, M*N = 2**27; scripts/tune.py, data in docs/):
   N=8192 3418 GB/s against 3104, 10240 3085 / 2326 (ring), 12288 3038 / 3027 (ring), 16384
   3075 / 3044 (ring)). Blocks that already share an SM two at a time lost (N=5120 3031 against
   3209 with three blocks of 320 threads, 6144 3298 / 3467);
-* on sm_90, such backward rows that one block holds only in more than 512 threads split in two
-  blocks of at most BWD_REG_CLUSTER_BLOCK threads where those hold them (N = 8200-12288), and
-  rows past one block over the fewest blocks of at most that many, else 512 (up to 65536
-  elements): a thread-block cluster, the blocks adding their row sums through distributed
-  shared memory (ln_bwd_reg_cluster; bf16 N=12288 3258 GB/s against 2986, 32768 2846 against
-  2302 for the staged cluster tier, 65536 2475 / 2165);
+* on sm_90, such backward rows past one block split over the fewest blocks of at most
+  BWD_REG_CLUSTER_BLOCK threads, else 512 (up to 65536 elements): a thread-block cluster, the
+  blocks adding their row sums through distributed shared memory (ln_bwd_reg_cluster; bf16
+  N=32768 2519-2846 GB/s against 2302 for the staged cluster tier, 65536 2475-2679 / 2165);
 * the backward and the forward's staging tiers run a persistent grid of exactly the resident
   blocks: for the backward 0.5x and 2x that were measured 5-30% slower (fewer blocks leave SMs
   idle; more add dw/db partial rows). The forward's register tier launches a block per group
@@ -102,10 +100,8 @@ BWD_REG_VALUES = 16
 BWD_SHARED_SUMS_BLOCK = 448  # 16-bit backward blocks this large keep dw/db in shared memory
 BWD_SHARED_SUMS_BLOCK_MAX = 1024  # ...in blocks of up to this many threads
 BWD_SHARED_SUMS_SKIP = (960,)  # ...but not these, which ptxas spills at 64 registers (the next)
-# Backward 16-bit rows in 16-byte packs that one register block holds only in more than
-# REG_BLOCK_MAX threads (its sums in shared memory) split in two blocks of at most
-# BWD_REG_CLUSTER_BLOCK threads where those hold it (sm_90: a thread-block cluster,
-# ln_bwd_reg_cluster); rows past one block split over the fewest blocks of at most
+# Backward 16-bit rows in 16-byte packs past one register block (N > 16384) split over a
+# thread-block cluster (sm_90, ln_bwd_reg_cluster) of the fewest blocks of at most
 # BWD_REG_CLUSTER_BLOCK threads, else of REG_BLOCK_MAX, up to BWD_REG_CLUSTER_MAX blocks
 # (_bwd_reg_cluster has the measurements).
 BWD_REG_CLUSTER_BLOCK = 384
@@ -402,25 +398,21 @@ def _bwd_ring_shape(n: int, vec: int, itemsize: int, values: int, share: int, ma
     return None
 
 
-def _bwd_reg_cluster(n: int, vec: int, values: int, max_cluster: int, one_block: bool):
-    """(blocks per cluster, (tpr, items, block)) of the backward's register tier split over a
-    thread-block cluster, a block per column slice, or None. ``one_block``: one block of up to
-    BWD_SHARED_SUMS_BLOCK_MAX threads holds the row; it then splits only in two blocks of at
-    most BWD_REG_CLUSTER_BLOCK threads (sums in registers). Wider rows take the fewest blocks
-    (up to ``max_cluster``) of at most BWD_REG_CLUSTER_BLOCK threads, else of REG_BLOCK_MAX.
-    H200, M*N = 2**27, bf16 / fp16 GB/s against the plan before (two runs agree within 2%):
-    N=10240 (2 x 320) 3370 / 3377 against 3064 / 3062 for one block of 640, 12288 (2 x 384) 3258
-    / 2949 against 2986 / 2982; N=16384 in four blocks of 256 lost for fp16 (2766 against 3071,
-    bf16 3124 / 3048) and in two of 512 for both (2774 / 2803), so it stays one block of 1024.
-    Past one block, against the staged cluster tier: N=20480 (4 x 320) 3143 / 3149 against
-    1945 / 1914, 24576 (4 x 384) 2928 / 2639 against 2363 / 2301, 32768 (8 x 256) 2846 / 2556
-    against 2302 / 2280 (4 x 512: 2489 / 2510), 49152 (8 x 384) 2892 / 2621 against 2172 / 2110,
-    65536 (8 x 512) 2475 / 2522 against 2165 / 2109."""
-    tops = (2,) if one_block else (max_cluster,)
-    limits = (BWD_REG_CLUSTER_BLOCK,) if one_block else (BWD_REG_CLUSTER_BLOCK, REG_BLOCK_MAX)
-    for block_max in limits:
+def _bwd_reg_cluster(n: int, vec: int, values: int, max_cluster: int):
+    """(blocks per cluster, (tpr, items, block)) of the backward's register tier for rows no
+    block holds, split over a thread-block cluster, a block per column slice: the fewest blocks
+    (up to ``max_cluster``) of at most BWD_REG_CLUSTER_BLOCK threads (sums in registers), else of
+    REG_BLOCK_MAX; None when none holds the row. H200, M*N = 2**27, bf16 / fp16 GB/s against
+    the staged cluster tier, in two runs (the second on the final code, `cupyln bench`):
+    N=20480 (4 x 320) 3143 / 3149 and 2348 / 2330 against 1945 / 1914; 24576 (4 x 384) 2928 /
+    2639 and 2531 / 2536 against 2363 / 2301; 32768 (8 x 256) 2846 / 2556 and 2519 / 2551
+    against 2302 / 2280; 49152 (8 x 384) 2892 / 2621 and 2479 / 2436 against 2172 / 2110;
+    65536 (8 x 512) 2475 / 2522 and 2679 / 2690 against 2165 / 2109. Rows one block holds stay
+    in it: split in two blocks they measured 12-18% ahead in the first run (N=10240, 12288) and
+    5-18% behind in the second."""
+    for block_max in (BWD_REG_CLUSTER_BLOCK, REG_BLOCK_MAX):
         cluster = 2
-        while cluster <= min(max_cluster, tops[0]):
+        while cluster <= max_cluster:
             got = _reg_shape(_slice_packs(n, vec, cluster) * vec, vec, values, block_max)
             if got is not None and got[0] == got[2] >= BWD_REG_AHEAD_BLOCK:
                 return cluster, got
@@ -458,9 +450,8 @@ def backward_plan(n: int, x_dtype, w_dtype, vec: int, smem_limit: int,
     if packs16:
         wide, wide_shared = shared_sums(_reg_shape(n, vec, values, BWD_SHARED_SUMS_BLOCK_MAX))
         split = None
-        if wide is None or wide[2] > REG_BLOCK_MAX:
-            top = min(max_cluster, BWD_REG_CLUSTER_MAX)
-            split = _bwd_reg_cluster(n, vec, values, top, wide is not None)
+        if wide is None:  # no block holds the row
+            split = _bwd_reg_cluster(n, vec, values, min(max_cluster, BWD_REG_CLUSTER_MAX))
         if split is not None:
             cluster, slice_shape = split
             (_, items, block), shared = shared_sums(slice_shape)

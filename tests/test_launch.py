@@ -146,17 +146,13 @@ def test_every_width_gets_a_valid_plan(dtype, smem):
 
 def _check_bwd_reg_cluster(plan, n, dtype, smem):
     """A backward row over a cluster of register blocks (sm_90): 16-bit rows in 16-byte packs
-    that one block holds only in more than 512 threads (then in two blocks of at most
-    BWD_REG_CLUSTER_BLOCK), or that no block holds (the fewest blocks); the slices cover the
-    row."""
+    that no block holds, over the fewest blocks; the slices cover the row."""
     c, vec, block = plan.cluster, plan.vec, plan.block
     assert dtype.itemsize == 2 and vec == 8 and 1 < c <= CLUSTERS[smem] and smem == SMEM_H100
     assert plan.tpr == block and plan.rows == 1 and plan.items == 2 and 256 <= block <= 512
     slots = block * plan.items * vec
     assert n <= c * slots, plan  # the slices cover the row (odd widths may leave the last empty)
-    assert n > 512 * plan.items * vec  # one block of 512 does not hold it
-    if n <= 1024 * plan.items * vec:  # one block holds it: two blocks of the smaller limit
-        assert c == 2 and block <= _launch.BWD_REG_CLUSTER_BLOCK, plan
+    assert n > 1024 * plan.items * vec  # no block holds it
     small = _launch.BWD_REG_CLUSTER_BLOCK * plan.items * vec
     if block > _launch.BWD_REG_CLUSTER_BLOCK:  # only where 8 blocks of the limit do not
         assert n > _launch.BWD_REG_CLUSTER_MAX * small, plan
@@ -231,20 +227,17 @@ def test_tiers_by_width():
     assert _launch.backward_plan(8192, bf16, bf16, 8, SMEM_H100, h100).tier == "reg"
     assert _launch.backward_plan(8192, f32, f32, 4, SMEM_H100, h100).tier == "reg"
     for n, dt, vec, tier, block in (
-        (14336, bf16, 8, "reg", 896),
+        (12288, bf16, 8, "reg", 768),
         (16384, bf16, 8, "reg", 1024),
         (16384, bf16, 4, "ring", 512),
         (16384, f32, 4, "ring", 512),
     ):
         p = _launch.backward_plan(n, dt, dt, vec, SMEM_H100, h100)
         assert (p.tier, p.block, p.items * vec * p.block) == (tier, block, n), (n, dt, p)
-    # on sm_90, such 16-bit rows that one block holds only in more than 512 threads split in
-    # two blocks of at most 384 where those hold them; rows past one block split over the
-    # fewest blocks of at most 384 threads, else 512 (register clusters; the sums in registers
-    # below BWD_SHARED_SUMS_BLOCK threads)
+    # on sm_90, such 16-bit rows past one block split over the fewest blocks of at most 384
+    # threads, else 512 (register clusters; the sums in registers below BWD_SHARED_SUMS_BLOCK
+    # threads); rows one block holds stay in it
     for n, cluster, block, shared in (
-        (10240, 2, 320, False),
-        (12288, 2, 384, False),
         (16392, 4, 320, False),
         (24576, 4, 384, False),
         (32768, 8, 256, False),
@@ -254,7 +247,6 @@ def test_tiers_by_width():
         p = _launch.backward_plan(n, bf16, bf16, 8, SMEM_H100, h100)
         assert (p.tier, p.cluster, p.block) == ("reg", cluster, block), (n, p)
         assert p.expr.endswith(f", {block}, {str(shared).lower()}, {cluster}>"), (n, p)
-    assert _launch.backward_plan(12288, bf16, bf16, 8, SMEM_H100).block == 768  # no clusters
     for n, dt, vec, cluster in (
         (98304, bf16, 8, 8),
         (32768, bf16, 4, 2),
