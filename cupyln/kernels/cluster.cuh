@@ -116,6 +116,19 @@ struct ClusterExchange {
     half ^= 1;
     return got;
   }
+
+  // receive(), then each of the W values summed over the C blocks in rank order (bitwise the
+  // same sums in every block).
+  __device__ __forceinline__ void receive_sums(A (&v)[W]) {
+    const A* got = receive();
+#pragma unroll
+    for (int j = 0; j < W; ++j) v[j] = got[j];
+#pragma unroll
+    for (int p = 1; p < C; ++p) {
+#pragma unroll
+      for (int j = 0; j < W; ++j) v[j] += got[p * W + j];
+    }
+  }
 };
 
 // The column slices of a row of `packs` packs of VEC elements over the C blocks of a cluster:

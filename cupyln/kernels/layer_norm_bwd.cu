@@ -216,15 +216,11 @@ __device__ __forceinline__ void bwd_reg_rows(
     group_sum2<TPR>(s1, s2, red);
     if constexpr (C > 1) exchange.send({s1, s2});
     if constexpr (AHEAD) prefetch(row + step);
-    if constexpr (C > 1) {  // the cluster's row sums, added in rank order
-      const A* got = exchange.receive();
-      s1 = got[0];
-      s2 = got[1];
-#pragma unroll
-      for (int p = 1; p < C; ++p) {
-        s1 += got[2 * p];
-        s2 += got[2 * p + 1];
-      }
+    if constexpr (C > 1) {  // the cluster's row sums
+      A sums[2];
+      exchange.receive_sums(sums);
+      s1 = sums[0];
+      s2 = sums[1];
     }
     const A c1 = s1 * inv_n, c2 = s2 * inv_n;
 
@@ -384,15 +380,11 @@ __device__ __forceinline__ void bwd_ring_rows(
   asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(smem_bytes));
   Ring<P, BLOCK> r{reinterpret_cast<P*>(smem_raw), static_cast<int>(smem_bytes / sizeof(P))};
   ClusterExchange<C, A, 2> exchange{xch};
-  auto cluster_sums = [&](A& c1, A& c2) {  // the cluster's row sums, added in rank order
-    const A* got = exchange.receive();
-    c1 = got[0];
-    c2 = got[1];
-#pragma unroll
-    for (int p = 1; p < C; ++p) {
-      c1 += got[2 * p];
-      c2 += got[2 * p + 1];
-    }
+  auto cluster_sums = [&](A& c1, A& c2) {  // the cluster's row sums
+    A sums[2];
+    exchange.receive_sums(sums);
+    c1 = sums[0];
+    c2 = sums[1];
   };
   const int t = threadIdx.x;
   const unsigned q = C > 1 ? cluster_index() : blockIdx.x;
