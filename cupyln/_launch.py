@@ -449,19 +449,18 @@ def backward_plan(n: int, x_dtype, w_dtype, vec: int, smem_limit: int,
     shared = False
     if packs16:
         wide, wide_shared = shared_sums(_reg_shape(n, vec, values, BWD_SHARED_SUMS_BLOCK_MAX))
-        split = None
-        if wide is None:  # no block holds the row
-            split = _bwd_reg_cluster(n, vec, values, min(max_cluster, BWD_REG_CLUSTER_MAX))
-        if split is not None:
-            cluster, slice_shape = split
-            (_, items, block), shared = shared_sums(slice_shape)
-            args = (tx, tw, vec, items, block, shared, cluster)
-            expr = _compile.template("ln_bwd_reg_cluster", *args)
-            smem = reg_smem(block, items, shared)
-            source = _compile.BWD_SOURCE
-            return Plan(source, expr, "reg", vec, items, block, block, 1, smem, cluster)
         if wide_shared:
             shape, shared = wide, True
+        elif wide is None:  # no block holds the row: a cluster of register blocks (sm_90)
+            split = _bwd_reg_cluster(n, vec, values, min(max_cluster, BWD_REG_CLUSTER_MAX))
+            if split is not None:
+                cluster, slice_shape = split
+                (_, items, block), shared = shared_sums(slice_shape)
+                args = (tx, tw, vec, items, block, shared, cluster)
+                expr = _compile.template("ln_bwd_reg_cluster", *args)
+                smem = reg_smem(block, items, shared)
+                source = _compile.BWD_SOURCE
+                return Plan(source, expr, "reg", vec, items, block, block, 1, smem, cluster)
     if shape is not None:
         tpr, items, block = shape
         ahead = packs16 and block >= BWD_REG_AHEAD_BLOCK

@@ -141,28 +141,6 @@ __device__ __forceinline__ void load_pack(const T* __restrict__ p, A (&out)[VEC]
   for (int k = 0; k < VEC; ++k) out[k] = widen_at<A>(pk, k);
 }
 
-// Two values narrowed to a 16-bit T and packed in one 32-bit word, lo in the low half: one
-// conversion instruction for both on sm_80+ (the same rounding as narrow).
-template <typename T>
-constexpr bool kHalf = false;
-template <>
-constexpr bool kHalf<half_t> = true;
-template <typename T, typename A>
-__device__ __forceinline__ unsigned narrow2(const A lo, const A hi) {
-  static_assert(sizeof(T) == 2, "16-bit T");
-#if __CUDA_ARCH__ >= 800
-  unsigned r;
-  if constexpr (sizeof(A) == 4 && kHalf<T>) {
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-  } else if constexpr (sizeof(A) == 4) {
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-  }
-#endif
-  return narrow<T>(lo).bits | (static_cast<unsigned>(narrow<T>(hi).bits) << 16);
-}
-
 // Stores W 32-bit words at p (aligned to 16 bytes; W a multiple of 4) as whole 16-byte words
 // through st.global.v4, which the compiler cannot split into narrower stores.
 template <int W>
@@ -177,32 +155,23 @@ __device__ __forceinline__ void store_words(void* __restrict__ p, const unsigned
 }
 
 // Narrows VEC values to T and stores them at p (aligned to VEC*sizeof(T)). WHOLE (packs of 16
-// bytes or several): as whole 16-byte words, 16-bit values narrowed in pairs (narrow2). A plain
-// assignment of the struct may become one store per element where the compiler loses the
-// alignment: the backward of rows split over a cluster (ln_bwd_reg_cluster) stored its 16-byte
-// packs of dx as six 2-byte and one 4-byte stores, which tripled the stores' sectors and took
-// 40% longer (H200, bf16 N=8192 over two blocks of 256 threads). The other kernels keep the
-// plain assignment their measured speed is of: they compile to whole 16-byte stores as it is,
-// and the words measured 1-3% slower in some (the compiler unrolls differently around them).
+// bytes or several): as whole 16-byte words (store_words). A plain assignment of the struct may
+// become one store per element where the compiler loses the alignment: the backward of rows
+// split over a cluster (ln_bwd_reg_cluster) stored its 16-byte packs of dx as six 2-byte and one
+// 4-byte stores, which tripled the stores' sectors and took 40% longer (H200, bf16 N=8192 over
+// two blocks of 256 threads). The other kernels keep the plain assignment their measured speed
+// is of: they compile to whole 16-byte stores as it is, and the words measured 1-3% slower in
+// some (the compiler unrolls differently around them).
 template <typename T, typename A, int VEC, bool WHOLE = false>
 __device__ __forceinline__ void store_pack(T* __restrict__ p, const A (&in)[VEC]) {
+  Pack<T, VEC> pk;
+#pragma unroll
+  for (int k = 0; k < VEC; ++k) pk.v[k] = narrow<T>(in[k]);
   if constexpr (WHOLE) {
-    constexpr int W = VEC * int(sizeof(T)) / 4;
-    unsigned w[W];
-    if constexpr (sizeof(T) == 2) {
-#pragma unroll
-      for (int k = 0; k < W; ++k) w[k] = narrow2<T>(in[2 * k], in[2 * k + 1]);
-    } else {
-      Pack<T, VEC> pk;
-#pragma unroll
-      for (int k = 0; k < VEC; ++k) pk.v[k] = narrow<T>(in[k]);
-      memcpy(w, &pk, sizeof(pk));
-    }
+    unsigned w[sizeof(pk) / 4];
+    memcpy(w, &pk, sizeof(pk));
     store_words(p, w);
   } else {
-    Pack<T, VEC> pk;
-#pragma unroll
-    for (int k = 0; k < VEC; ++k) pk.v[k] = narrow<T>(in[k]);
     *reinterpret_cast<Pack<T, VEC>*>(p) = pk;
   }
 }

@@ -63,8 +63,8 @@ __device__ __forceinline__ void row_packs(const T* __restrict__ xr, const T* __r
 //   VEC; the last block's slice may be shorter, or empty), the cluster walks rows q, q + Q, ...
 //   (q of Q clusters), the blocks add their row sums through distributed shared memory in rank
 //   order (ClusterExchange; the next row's copies are issued while they wait for each other),
-//   and each block writes its slice of partial row q. Its stores go through store_whole (the
-//   compiler split them into 2-byte stores).
+//   and each block writes its slice of partial row q. Its stores are whole 16-byte words
+//   (store_pack's WHOLE: the compiler split them into 2-byte stores).
 // Limits: N <= C * TPR * ITEMS * VEC; 2 * ITEMS * VEC registers of A for the accumulators
 // (none with SHARED_SUMS) and up to as many for data (launcher: ITEMS * VEC <= 16); AHEAD
 // needs packs of 4, 8 or 16 bytes; C > 1 needs AHEAD, a block per row and 16-byte packs.
@@ -272,13 +272,10 @@ __device__ __forceinline__ void bwd_reg_rows(
       if (col < n) {
 #pragma unroll
         for (int c = 0; c < CHUNKS; ++c) {
-          if constexpr (C > 1) {
-            if (dw_out != nullptr) store_pack<A, A, CHUNK, true>(dw_out + col + c * CHUNK, dw_sums(i, c).v);
-            store_pack<A, A, CHUNK, true>(db_out + col + c * CHUNK, db_sums(i, c).v);
-          } else {
-            if (dw_out != nullptr) *reinterpret_cast<Chunk*>(dw_out + col + c * CHUNK) = dw_sums(i, c);
-            *reinterpret_cast<Chunk*>(db_out + col + c * CHUNK) = db_sums(i, c);
+          if (dw_out != nullptr) {
+            store_pack<A, A, CHUNK, (C > 1)>(dw_out + col + c * CHUNK, dw_sums(i, c).v);
           }
+          store_pack<A, A, CHUNK, (C > 1)>(db_out + col + c * CHUNK, db_sums(i, c).v);
         }
       }
     }
