@@ -65,7 +65,8 @@ Thresholds and why (H200, bf16, M*N = 2**27; scripts/tune.py, data in docs/):
   blocks: for the backward 0.5x and 2x that were measured 5-30% slower (fewer blocks leave SMs
   idle; more add dw/db partial rows). The forward's register tier launches a block per group
   of rows instead (forward_grid: bf16 N=512-32768 2-16% faster, fp16 M=4096 N=15872 3174 ->
-  3641 GB/s; float32 N=32768 at 1024 threads 3551 -> 3418, within run-to-run spread);
+  3641 GB/s; float32 N=32768 at 1024 threads 3551 -> 3418, within run-to-run spread), except
+  its clusters, which stay persistent (bf16 N=65536 3269 GB/s against 2887 a cluster a row);
 * forward rows past the register tier that fit the shared memory take the ring tier (RING_*
   below): the jagged forward's staging rings, loads of the next rows overlapping a row's
   arithmetic;
@@ -522,12 +523,14 @@ def backward_grid(m: int, rows_per_block: int, capacity: int) -> int:
 
 
 def forward_grid(m: int, plan: Plan, capacity: int) -> int:
-    """Blocks of a forward launch: the register tier takes a block per group of rows and lets
-    the hardware schedule them as resident blocks finish (bf16 N=16384 3831 GB/s against 3459
-    for a persistent grid, N=512 3863 / 3560); the staging tiers keep their persistent grids
-    (``capacity`` resident blocks, or clusters)."""
-    if plan.tier == "reg":  # clusters for a row split over one
-        return max(1, min(_cdiv(m, plan.rows), MAX_GRID // plan.cluster)) * plan.cluster
+    """Blocks of a forward launch: the register tier's single blocks take a block per group of
+    rows and let the hardware schedule them as resident blocks finish (bf16 N=16384 3831 GB/s
+    against 3459 for a persistent grid, N=512 3863 / 3560); its clusters and the staging tiers
+    keep persistent grids (``capacity`` resident blocks, or clusters): a cluster starts only
+    when C SMs of one GPC have room at once, so clusters that walk rows beat a cluster per row
+    (H200, M*N = 2**27: bf16 N=65536 3269 against 2887 GB/s, fp16 3244 / 2923)."""
+    if plan.tier == "reg" and plan.cluster == 1:
+        return max(1, min(_cdiv(m, plan.rows), MAX_GRID))
     return grid_size(m, plan.rows, capacity) * plan.cluster
 
 

@@ -307,9 +307,9 @@ def test_grid_is_persistent_and_covers_rows():
 
 
 def test_forward_grid_per_tier():
-    """The register tier launches a block per group of rows (at most the grid limit; the
-    kernels' row loops take the rest); the staging tiers stay persistent, clusters counted in
-    blocks."""
+    """The register tier's single blocks launch a block per group of rows (at most the grid
+    limit; the kernels' row loops take the rest); its clusters and the staging tiers stay
+    persistent, clusters counted in blocks."""
     bf16 = [d for d in DTYPES if d.name == "bfloat16"][0]
     reg = _launch.forward_plan(1024, bf16, bf16, bf16, 8, SMEM_H100)  # 4 rows a block
     assert reg.tier == "reg" and reg.rows == 4
@@ -317,11 +317,11 @@ def test_forward_grid_per_tier():
     assert _launch.forward_grid(10**6, reg, 528) == 250000  # past the resident capacity
     assert _launch.forward_grid(2**40, reg, 528) == 2**31 - 1
     h100 = _launch.MAX_CLUSTER
-    split = _launch.forward_plan(131072, bf16, bf16, bf16, 8, SMEM_H100, h100)  # a cluster a row
+    split = _launch.forward_plan(131072, bf16, bf16, bf16, 8, SMEM_H100, h100)
     assert split.tier == "reg" and split.cluster == 4
-    assert _launch.forward_grid(1, split, 33) == 4
-    assert _launch.forward_grid(10**6, split, 33) == 4 * 10**6
-    assert _launch.forward_grid(2**40, split, 33) == (2**31 - 1) // 4 * 4
+    assert _launch.forward_grid(1, split, 33) == 4  # a cluster for one row
+    assert _launch.forward_grid(10**6, split, 33) == 4 * 33  # the resident clusters walk rows
+    assert _launch.forward_grid(2**40, split, 33) == 4 * 33
     ring = _launch.forward_plan(65544, bf16, bf16, bf16, 8, SMEM_H100)
     assert ring.tier == "ring" and _launch.forward_grid(10**6, ring, 132) == 132
     cl = _launch.forward_plan(270000, bf16, bf16, bf16, 8, SMEM_H100, h100)
