@@ -14,6 +14,7 @@ from .test_launch import CLUSTERS, NS, SMEM_A100, SMEM_H100, _vecs
 DTYPES = list(TABLE)
 ARCHS = (80, 90)
 BOUNDED_SPILL = 48  # bytes of stack, spill stores or spill loads (ln_bwd_reg_cluster only)
+AHEAD_SPILL = 8  # ...and of ln_bwd_reg copying the next row ahead (AHEAD)
 
 _REPORT = re.compile(
     r"Compiling entry function '(\w+)' for 'sm_\d+'\n"
@@ -61,6 +62,27 @@ def variants(x_dtype):
     return {k: sorted(v) for k, v in out.items()}
 
 
+def _spill_allowed(expr: str) -> int:
+    """Bytes of stack frame, spill stores and spill loads a kernel variant may report."""
+    if expr.startswith("cupyln::ln_bwd_reg_cluster<"):
+        return BOUNDED_SPILL
+    if expr.startswith("cupyln::ln_bwd_reg<") and expr[:-1].split(", ")[6] == "true":
+        return AHEAD_SPILL
+    return 0
+
+
+def test_spill_allowances():
+    """Only the two backward register kernels, and the second only with AHEAD."""
+    bf16 = "cupyln::bf16_t"
+    assert _spill_allowed(f"cupyln::ln_bwd_reg_cluster<{bf16}, {bf16}, 8, 2, 256, false, 8>") == 48
+    assert _spill_allowed(f"cupyln::ln_bwd_reg<{bf16}, {bf16}, 8, 2, 512, 512, true, true>") == 8
+    assert _spill_allowed(f"cupyln::ln_bwd_reg<{bf16}, {bf16}, 8, 2, 64, 64, false, false>") == 0
+    assert (
+        _spill_allowed(f"cupyln::ln_fwd_reg<{bf16}, {bf16}, {bf16}, 8, 8, 512, 512, 2, false, 0>")
+        == 0
+    )
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("source", [_compile.FWD_SOURCE, _compile.BWD_SOURCE, _compile.JAG_SOURCE])
 @pytest.mark.parametrize("x_dtype", DTYPES, ids=lambda d: d.name)
@@ -74,12 +96,11 @@ def test_every_variant_compiles_without_spills(x_dtype, source, arch):
     spilled = {names[f]: r for f, r in reports.items() if any(r)}
     # the backward's register clusters of fp16 rows (and of w of another dtype) spill a few
     # values at 80 or 64 registers a thread; they measured faster than every other tier anyway
-    # (cupyln/_launch.py _bwd_reg_cluster), so they may, up to BOUNDED_SPILL bytes each
-    spilled = {
-        e: r
-        for e, r in spilled.items()
-        if not e.startswith("cupyln::ln_bwd_reg_cluster<") or any(b > BOUNDED_SPILL for b in r)
-    }
+    # (cupyln/_launch.py _bwd_reg_cluster), so they may, up to BOUNDED_SPILL bytes each. The
+    # register rows that copy the next row ahead issue those copies before the block's barrier
+    # (kernels/layer_norm_bwd.cu); at 64 or 80 registers ptxas then spills a value or two in
+    # some (sm_90: bf16 blocks of 512 and 1024 threads, fp16 of 384), measured faster anyway
+    spilled = {e: r for e, r in spilled.items() if any(b > _spill_allowed(e) for b in r)}
     assert not spilled, f"stack frame / spill stores / spill loads: {spilled}"
 
 

@@ -49,10 +49,10 @@ __device__ __forceinline__ void row_packs(const T* __restrict__ xr, const T* __r
 //   row groups of a block are combined through shared memory in group order and the block
 //   writes row blockIdx.x of dw_part / db_part.
 //   x and dy stay in registers as loaded and are widened in each pass (BwdRegBlocks, KEEP_G).
-//   With AHEAD, the next row's x and dy come through shared memory as in ln_fwd_reg: each
-//   thread copies its own packs of them with cp.async once the current row's sums are formed
-//   (which every read of its slots precedes) and moves them into registers when it starts that
-//   row. Dynamic shared memory: 2 * BLOCK * ITEMS packs.
+//   With AHEAD, the next row's x and dy come through shared memory: each thread copies its
+//   own packs of them with cp.async once its part of the current row's sums is formed (every
+//   value it read from its slots went into those sums, so the reads are done) and moves them
+//   into registers when it starts that row. Dynamic shared memory: 2 * BLOCK * ITEMS packs.
 //   With SHARED_SUMS (a block per row, with AHEAD, 16-byte packs), the dw/db sums live in
 //   dynamic shared memory after those packs (2 * BLOCK * ITEMS * VEC values of A), each thread
 //   owning its columns' sums as it owned the registers, and are added to in pass 2 (after the
@@ -213,9 +213,14 @@ __device__ __forceinline__ void bwd_reg_rows(
         }
       }
     }
+    // AHEAD: the next row's copies go out before the block's barrier in a block per row, so
+    // they overlap the wait for its slowest warp (H200, bf16 N=12288 3253 GB/s against 2999
+    // after the barrier, 16384 3194 / 3047, 8192 3563 / 3502), and after the send in a cluster
+    // (before the barrier there: N=32768 2537 against 2551, 65536 2486 / 2682)
+    if constexpr (AHEAD && C == 1) prefetch(row + step);
     group_sum2<TPR>(s1, s2, red);
     if constexpr (C > 1) exchange.send({s1, s2});
-    if constexpr (AHEAD) prefetch(row + step);
+    if constexpr (AHEAD && C > 1) prefetch(row + step);
     if constexpr (C > 1) {  // the cluster's row sums
       A sums[2];
       exchange.receive_sums(sums);
