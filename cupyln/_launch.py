@@ -410,7 +410,8 @@ def _bwd_reg_cluster(n: int, vec: int, values: int, max_cluster: int):
     against 2302 / 2280; 49152 (8 x 384) 2892 / 2621 and 2479 / 2436 against 2172 / 2110;
     65536 (8 x 512) 2475 / 2522 and 2679 / 2690 against 2165 / 2109. Rows one block holds stay
     in it: split in two blocks they measured 12-18% ahead in the first run (N=10240, 12288) and
-    5-18% behind in the second."""
+    5-18% behind in the second; in two or four blocks 3-19% behind in a third (N=10240-16384),
+    where both methods of measuring agreed, so the first run's machine was the outlier."""
     for block_max in (BWD_REG_CLUSTER_BLOCK, REG_BLOCK_MAX):
         cluster = 2
         while cluster <= max_cluster:
