@@ -527,9 +527,9 @@ def forward_grid(m: int, plan: Plan, capacity: int) -> int:
     """Blocks of a forward launch: the register tier's single blocks take a block per group of
     rows and let the hardware schedule them as resident blocks finish (bf16 N=16384 3831 GB/s
     against 3459 for a persistent grid, N=512 3863 / 3560); its clusters and the staging tiers
-    keep persistent grids (``capacity`` resident blocks, or clusters): a cluster starts only
-    when C SMs of one GPC have room at once, so clusters that walk rows beat a cluster per row
-    (H200, M*N = 2**27: bf16 N=65536 3269 against 2887 GB/s, fp16 3244 / 2923)."""
+    keep persistent grids (``capacity`` resident blocks, or clusters): clusters that walk rows
+    measured faster than a cluster per row (H200, M*N = 2**27: bf16 N=65536 3269 against 2887
+    GB/s, fp16 3244 / 2923; kernels/layer_norm_fwd.cu, ln_fwd_reg_cluster)."""
     if plan.tier == "reg" and plan.cluster == 1:
         return max(1, min(_cdiv(m, plan.rows), MAX_GRID))
     return grid_size(m, plan.rows, capacity) * plan.cluster

@@ -177,11 +177,11 @@ __global__ void __launch_bounds__(BLOCK, MINB)
 //   slice's exact statistics, shifted by the slice's first element, and the blocks exchange and
 //   merge them as ln_fwd_cluster does (bitwise the same mean and rstd in every block); then
 //   each writes y for its slice. The launcher gives as many clusters as the device holds at
-//   once, each walking rows r, r + clusters, ...: a cluster starts only when C SMs of one GPC
-//   have room, and a cluster per row paid that on every row (H200, bf16 N=65536: 2887 GB/s
-//   against 3269 walking rows). MINB blocks per SM (launch bounds): one block's loads overlap
-//   another's reductions and stores, which a lone 1024-thread block holding the whole row
-//   cannot.
+//   once, each walking rows r, r + clusters, ... (so each is started once, and each block keeps
+//   its column slice, its w and b, for all its rows): a cluster per row measured slower (H200,
+//   bf16 N=65536: 2887 GB/s against 3269). MINB blocks per SM (launch bounds): one block's
+//   loads overlap another's reductions and stores, which a lone 1024-thread block holding the
+//   whole row cannot.
 // Limits: ceil(P / C) <= ITEMS * BLOCK, and P >= C (every block gets packs).
 template <typename T, typename TW, typename TB, int VEC, int ITEMS, int BLOCK, int C, int MINB>
 __global__ void CUPYLN_CLUSTER(C) __launch_bounds__(BLOCK, MINB)
