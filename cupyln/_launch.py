@@ -57,6 +57,10 @@ Thresholds and why (H200, bf16, M*N = 2**27; scripts/tune.py, data in docs/):
   N=8192 3418 GB/s against 3104, 10240 3085 / 2326 (ring), 12288 3038 / 3027 (ring), 16384
   3075 / 3044 (ring)). Blocks that already share an SM two at a time lost (N=5120 3031 against
   3209 with three blocks of 320 threads, 6144 3298 / 3467);
+* such rows in a block of their own that shares its SM take the block size that splits the
+  launch bounds' threads per SM evenly (BWD_REG_THREADS, BWD_SHARED_SUMS_THREADS): 384
+  threads where 320 would leave 128 of 768 unused, 512 for 448 (_bwd_fill_sm: bf16 N=5120
+  3625 GB/s against 3238, 7168 3492 / 3284);
 * on sm_90, such backward rows past one block split over the fewest blocks of at most
   BWD_REG_CLUSTER_BLOCK threads, else 512 (up to 65536 elements): a thread-block cluster, the
   blocks adding their row sums through distributed shared memory (ln_bwd_reg_cluster; bf16
@@ -97,6 +101,10 @@ FWD_CENTER_BLOCK = 128  # ...in blocks of at most this many threads (copies; dou
 FWD_CENTER_THREADS = 768  # ...and their launch bounds' threads per SM
 FWD_REG_THREADS = 1024  # forward launch bounds: threads per SM (16- and 32-bit rows)
 BWD_REG_AHEAD_BLOCK = 256  # 16-bit backward blocks this large copy the next row's x and dy ahead
+# Threads per SM the backward register tier's launch bounds ask for 16-bit rows, with the dw/db
+# sums in registers and in shared memory (kernels/layer_norm_bwd.cu, BwdRegBlocks)
+BWD_REG_THREADS = 768
+BWD_SHARED_SUMS_THREADS = 1024
 BWD_REG_VALUES = 16
 BWD_SHARED_SUMS_BLOCK = 448  # 16-bit backward blocks this large keep dw/db in shared memory
 BWD_SHARED_SUMS_BLOCK_MAX = 1024  # ...in blocks of up to this many threads
@@ -422,6 +430,26 @@ def _bwd_reg_cluster(n: int, vec: int, values: int, max_cluster: int):
     return None
 
 
+def _bwd_fill_sm(block: int, items: int, shared: bool, smem, smem_limit: int) -> int:
+    """The block of a backward 16-bit row that shares its SM with others (a block per row): the
+    smallest size that splits the launch bounds' threads per SM evenly among as many blocks, so
+    that none of them go unused (320 -> 384 threads, 2 blocks of 768; with the sums in shared
+    memory 448 -> 512, 2 of 1024), where the SM's shared memory holds the larger blocks
+    (``smem(block, items, shared)`` bytes each). The padded slots are predicated off. H200, M*N =
+    2**27, one process, best of 3, bf16 / fp16 GB/s: N=4160 3230 -> 3329 / 3252 -> 3354, 4608
+    3229 -> 3476 / 3243 -> 3422, 5120 3238 -> 3625 / 3244 -> 3552 (80 registers a thread instead
+    of 92 at 2 blocks of 320), 6656 3300 -> 3432 / 3284 -> 3467, 7168 3284 -> 3492 / 3317 ->
+    3552. A lone block does not grow (N=10240 at 1024 threads instead of 640: 2770 against 3380
+    GB/s, 12288 2995 / 3238), nor do the register clusters' blocks (N=20480 at 4 x 384 instead
+    of 4 x 320: 2365 / 2338, fp16 2318 / 2348)."""
+    threads = BWD_SHARED_SUMS_THREADS if shared else BWD_REG_THREADS
+    blocks = threads // block
+    grown = threads // blocks if blocks >= 2 else block
+    if blocks * (smem(grown, items, shared) + STATIC_SMEM_MARGIN) > smem_limit:
+        return block
+    return grown
+
+
 def backward_plan(n: int, x_dtype, w_dtype, vec: int, smem_limit: int,
                   max_cluster: int = 1) -> Plan:  # fmt: skip
     """Kernel variant computing dx (and, in the register, ring and cluster tiers, the dw/db
@@ -465,6 +493,8 @@ def backward_plan(n: int, x_dtype, w_dtype, vec: int, smem_limit: int,
                 return Plan(source, expr, "reg", vec, items, block, block, 1, smem, cluster)
     if shape is not None:
         tpr, items, block = shape
+        if packs16 and tpr == block:
+            tpr = block = _bwd_fill_sm(block, items, shared, reg_smem, smem_limit)
         ahead = packs16 and block >= BWD_REG_AHEAD_BLOCK
         expr = _compile.template("ln_bwd_reg", tx, tw, vec, items, tpr, block, ahead, shared)
         smem = reg_smem(block, items, shared) if packs16 else 0

@@ -107,6 +107,13 @@ def test_every_width_gets_a_valid_plan(dtype, smem):
                         sums = 2 * plan.block * plan.items * vec * 4 if shared else 0
                         assert plan.smem == (pair if ahead else 0) + sums, plan
                         assert plan.smem <= smem - _launch.STATIC_SMEM_MARGIN, plan
+                        # a block a row that shares its SM splits the launch bounds' threads
+                        # evenly where the SM's shared memory holds the blocks
+                        threads = 1024 if shared else 768
+                        blocks = threads // plan.block
+                        held = blocks * (plan.smem + _launch.STATIC_SMEM_MARGIN) <= smem
+                        if packs16 and plan.tpr == plan.block and blocks >= 2 and held:
+                            assert threads % plan.block == 0, plan
                 else:
                     assert plan.tpr == plan.block and plan.rows == 1
                     assert plan.smem <= smem - _launch.STATIC_SMEM_MARGIN
@@ -234,6 +241,22 @@ def test_tiers_by_width():
     ):
         p = _launch.backward_plan(n, dt, dt, vec, SMEM_H100, h100)
         assert (p.tier, p.block, p.items * vec * p.block) == (tier, block, n), (n, dt, p)
+    # 16-bit rows in 16-byte packs in blocks that share an SM take the size that splits its
+    # threads evenly (768 with the sums in registers, 1024 in shared memory): 4160-5120 in
+    # blocks of 384, not 320; 6145-7168 in 512, not 448 (where the SM holds two of them)
+    for n, smem, block, shared in (
+        (4096, SMEM_H100, 256, False),
+        (4160, SMEM_H100, 384, False),
+        (5120, SMEM_H100, 384, False),
+        (6144, SMEM_H100, 384, False),
+        (7168, SMEM_H100, 512, True),
+        (7168, SMEM_A100, 448, True),  # two blocks of 512 would not fit the SM
+        (8192, SMEM_H100, 512, True),
+        (10240, SMEM_H100, 640, True),  # a lone block keeps its size
+    ):
+        p = _launch.backward_plan(n, bf16, bf16, 8, smem, h100)
+        assert (p.tier, p.tpr, p.block, p.items) == ("reg", block, block, 2), (n, p)
+        assert p.expr.endswith(f", {block}, {block}, true, {str(shared).lower()}>"), (n, p)
     # on sm_90, such 16-bit rows past one block split over the fewest blocks of at most 384
     # threads, else 512 (register clusters; the sums in registers below BWD_SHARED_SUMS_BLOCK
     # threads); rows one block holds stay in it
