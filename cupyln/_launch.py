@@ -62,9 +62,10 @@ Thresholds and why (H200, bf16, M*N = 2**27; scripts/tune.py, data in docs/):
   threads where 320 would leave 128 of 768 unused, 512 for 448 (_bwd_fill_sm: bf16 N=5120
   3625 GB/s against 3238, 7168 3492 / 3284);
 * on sm_90, such backward rows past one block split over the fewest blocks of at most
-  BWD_REG_CLUSTER_BLOCK threads, else 512 (up to 65536 elements): a thread-block cluster, the
-  blocks adding their row sums through distributed shared memory (ln_bwd_reg_cluster; bf16
-  N=32768 2519-2846 GB/s against 2302 for the staged cluster tier, 65536 2475-2679 / 2165);
+  BWD_REG_CLUSTER_BLOCK threads (up to 65536 elements): a thread-block cluster, the blocks
+  adding their row sums through distributed shared memory (ln_bwd_reg_cluster; bf16 N=32768
+  2519-2846 GB/s against 2302 for the staged cluster tier, 65536 2475-2679 / 2165; 4 blocks
+  of 512 at 32768 2716-2723 against 2567-2655 for 8 of 256);
 * the backward and the forward's staging tiers run a persistent grid of exactly the resident
   blocks: for the backward 0.5x and 2x that were measured 5-30% slower (fewer blocks leave SMs
   idle; more add dw/db partial rows). The forward's register tier launches a block per group
@@ -111,9 +112,9 @@ BWD_SHARED_SUMS_BLOCK_MAX = 1024  # ...in blocks of up to this many threads
 BWD_SHARED_SUMS_SKIP = (960,)  # ...but not these, which ptxas spills at 64 registers (the next)
 # Backward 16-bit rows in 16-byte packs past one register block (N > 16384) split over a
 # thread-block cluster (sm_90, ln_bwd_reg_cluster) of the fewest blocks of at most
-# BWD_REG_CLUSTER_BLOCK threads, else of REG_BLOCK_MAX, up to BWD_REG_CLUSTER_MAX blocks
-# (_bwd_reg_cluster has the measurements).
-BWD_REG_CLUSTER_BLOCK = 384
+# BWD_REG_CLUSTER_BLOCK threads, up to BWD_REG_CLUSTER_MAX blocks (_bwd_reg_cluster has the
+# measurements).
+BWD_REG_CLUSTER_BLOCK = 512
 BWD_REG_CLUSTER_MAX = 8
 BWD_MIN_STEPS = 8  # groups of rows each backward block walks at least (backward_grid)
 MAX_ITEMS = 8  # vector slots per thread: 16 unrolled scalar slots spill in the backward
@@ -410,23 +411,29 @@ def _bwd_ring_shape(n: int, vec: int, itemsize: int, values: int, share: int, ma
 def _bwd_reg_cluster(n: int, vec: int, values: int, max_cluster: int):
     """(blocks per cluster, (tpr, items, block)) of the backward's register tier for rows no
     block holds, split over a thread-block cluster, a block per column slice: the fewest blocks
-    (up to ``max_cluster``) of at most BWD_REG_CLUSTER_BLOCK threads (sums in registers), else of
-    REG_BLOCK_MAX; None when none holds the row. H200, M*N = 2**27, bf16 / fp16 GB/s against
-    the staged cluster tier, in two runs (the second on the final code, `cupyln bench`):
-    N=20480 (4 x 320) 3143 / 3149 and 2348 / 2330 against 1945 / 1914; 24576 (4 x 384) 2928 /
-    2639 and 2531 / 2536 against 2363 / 2301; 32768 (8 x 256) 2846 / 2556 and 2519 / 2551
-    against 2302 / 2280; 49152 (8 x 384) 2892 / 2621 and 2479 / 2436 against 2172 / 2110;
-    65536 (8 x 512) 2475 / 2522 and 2679 / 2690 against 2165 / 2109. Rows one block holds stay
-    in it: split in two blocks they measured 12-18% ahead in the first run (N=10240, 12288) and
-    5-18% behind in the second; in two or four blocks 3-19% behind in a third (N=10240-16384),
-    where both methods of measuring agreed, so the first run's machine was the outlier."""
-    for block_max in (BWD_REG_CLUSTER_BLOCK, REG_BLOCK_MAX):
-        cluster = 2
-        while cluster <= max_cluster:
-            got = _reg_shape(_slice_packs(n, vec, cluster) * vec, vec, values, block_max)
-            if got is not None and got[0] == got[2] >= BWD_REG_AHEAD_BLOCK:
-                return cluster, got
-            cluster *= 2
+    (up to ``max_cluster``) of at most BWD_REG_CLUSTER_BLOCK threads (the dw/db sums in
+    registers below BWD_SHARED_SUMS_BLOCK threads, in shared memory from there); None when none
+    holds the row. H200, M*N = 2**27, bf16 / fp16 GB/s against the staged cluster tier, in two
+    runs (the second on the final code, `cupyln bench`): N=20480 (4 x 320) 3143 / 3149 and
+    2348 / 2330 against 1945 / 1914; 24576 (4 x 384) 2928 / 2639 and 2531 / 2536 against 2363
+    / 2301; 32768 (8 x 256) 2846 / 2556 and 2519 / 2551 against 2302 / 2280; 49152 (8 x 384)
+    2892 / 2621 and 2479 / 2436 against 2172 / 2110; 65536 (8 x 512) 2475 / 2522 and 2679 /
+    2690 against 2165 / 2109. Blocks of up to 512 threads (4 x 448 and 4 x 512, sums in shared
+    memory) instead of 384 (8 x 256, in registers) at N=24584-32768, one process, best of 3:
+    26624 2409 / 2400 against 2281 / 2318, 28672 2484 / 2487 against 2450 / 2456, 32768 2723 /
+    2739 against 2655 / 2605 (a second run: 2716 / 2720 against 2567 / 2582). Up to 768 (2 or 4
+    blocks of 576-768 threads) was uneven: N=20480 2517 against 2381, 40960 2301 / 2201, but
+    18432 2169 / 2298, 22528 2343 / 2562, 36864 1993 / 2129, 45056 2202 / 2480. Rows one block
+    holds stay in it: split in two blocks they measured 12-18% ahead in the first run (N=10240,
+    12288) and 5-18% behind in the second; in two or four blocks 3-19% behind in a third
+    (N=10240-16384), where both methods of measuring agreed, so the first run's machine was the
+    outlier."""
+    cluster = 2
+    while cluster <= max_cluster:
+        got = _reg_shape(_slice_packs(n, vec, cluster) * vec, vec, values, BWD_REG_CLUSTER_BLOCK)
+        if got is not None and got[0] == got[2] >= BWD_REG_AHEAD_BLOCK:
+            return cluster, got
+        cluster *= 2
     return None
 
 

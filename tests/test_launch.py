@@ -161,10 +161,8 @@ def _check_bwd_reg_cluster(plan, n, dtype, smem):
     assert n <= c * slots, plan  # the slices cover the row (odd widths may leave the last empty)
     assert n > 1024 * plan.items * vec  # no block holds it
     small = _launch.BWD_REG_CLUSTER_BLOCK * plan.items * vec
-    if block > _launch.BWD_REG_CLUSTER_BLOCK:  # only where 8 blocks of the limit do not
-        assert n > _launch.BWD_REG_CLUSTER_MAX * small, plan
-    elif c > 2:  # the fewest blocks
-        assert n > (c // 2) * small, plan
+    assert block <= _launch.BWD_REG_CLUSTER_BLOCK, plan
+    assert c == 2 or n > (c // 2) * small, plan  # the fewest blocks
     shared = block >= _launch.BWD_SHARED_SUMS_BLOCK
     t = "cupyln::" + ("bf16_t" if dtype.name == "bfloat16" else "half_t")
     args = (t, t, vec, plan.items, block, shared, c)
@@ -257,13 +255,15 @@ def test_tiers_by_width():
         p = _launch.backward_plan(n, bf16, bf16, 8, smem, h100)
         assert (p.tier, p.tpr, p.block, p.items) == ("reg", block, block, 2), (n, p)
         assert p.expr.endswith(f", {block}, {block}, true, {str(shared).lower()}>"), (n, p)
-    # on sm_90, such 16-bit rows past one block split over the fewest blocks of at most 384
-    # threads, else 512 (register clusters; the sums in registers below BWD_SHARED_SUMS_BLOCK
-    # threads); rows one block holds stay in it
+    # on sm_90, such 16-bit rows past one block split over the fewest blocks of at most 512
+    # threads (register clusters; the sums in registers below BWD_SHARED_SUMS_BLOCK threads);
+    # rows one block holds stay in it
     for n, cluster, block, shared in (
         (16392, 4, 320, False),
         (24576, 4, 384, False),
-        (32768, 8, 256, False),
+        (28672, 4, 448, True),
+        (32768, 4, 512, True),
+        (40960, 8, 320, False),
         (49152, 8, 384, False),
         (65536, 8, 512, True),
     ):

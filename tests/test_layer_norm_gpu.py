@@ -134,7 +134,9 @@ def test_shared_sums_rows_with_empty_slots(dtype, n, block):
     run_and_check(x, w, b, dy)
 
 
-@pytest.mark.parametrize("n,cluster,block", [(20480, 4, 320), (32768, 8, 256), (65536, 8, 512)])
+@pytest.mark.parametrize(
+    "n,cluster,block", [(20480, 4, 320), (32768, 4, 512), (40960, 8, 320), (65536, 8, 512)]
+)
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_backward_register_clusters(dtype, n, cluster, block):
     """16-bit backward rows split over a cluster of register blocks on sm_90 (elsewhere their
