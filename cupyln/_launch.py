@@ -56,7 +56,9 @@ Thresholds and why (H200, bf16, M*N = 2**27; scripts/tune.py, data in docs/):
   ring tier took them (H200, against the sums in registers, one process, best of 3: bf16
   N=8192 3418 GB/s against 3104, 10240 3085 / 2326 (ring), 12288 3038 / 3027 (ring), 16384
   3075 / 3044 (ring)). Blocks that already share an SM two at a time lost (N=5120 3031 against
-  3209 with three blocks of 320 threads, 6144 3298 / 3467);
+  3209 with three blocks of 320 threads, 6144 3298 / 3467); rows that would need a block of
+  more than BWD_LONE_FROM threads run 512 threads of 4 vectors (bf16 N=16384 3417 GB/s
+  against 3173 in 1024 threads of 2);
 * such rows in a block of their own that shares its SM take the block size that splits the
   launch bounds' threads per SM evenly (BWD_REG_THREADS, BWD_SHARED_SUMS_THREADS): 384
   threads where 320 would leave 128 of 768 unused, 512 for 448 (_bwd_fill_sm: bf16 N=5120
@@ -109,7 +111,19 @@ BWD_SHARED_SUMS_THREADS = 1024
 BWD_REG_VALUES = 16
 BWD_SHARED_SUMS_BLOCK = 448  # 16-bit backward blocks this large keep dw/db in shared memory
 BWD_SHARED_SUMS_BLOCK_MAX = 1024  # ...in blocks of up to this many threads
-BWD_SHARED_SUMS_SKIP = (960,)  # ...but not these, which ptxas spills at 64 registers (the next)
+# ...but rows whose block would pass BWD_LONE_FROM threads (one block an SM) run
+# BWD_LONE_BLOCK threads of BWD_LONE_ITEMS vectors instead, where they hold the row and its
+# sums fit (H200, M*N = 2**27, one process, best of 3, bf16 / fp16 GB/s against 2 vectors a
+# thread: N=12288 3382 / 3350 against 3233 / 3250 (768 threads), 13312 3376 / 3331 against
+# 3026 / 3050 (832), 14336 3394 / 3352 against 3173 / 3197 (896), 15360 3389 / 3404 against
+# 3169 / 3230 (1024), 16384 3417 / 3353 against 3173 / 3246 (1024; a second run 3414 / 3447
+# against 3187 / 3286; at 64 registers, blocks of 960 threads spilled). Not at 10240 (3285 /
+# 3267 against 3378 / 3371 for 640 threads: 5/8 of the slots hold packs, against 3/4 at
+# 12288), nor in fewer threads that fit the row (12288 in 384: 3210 / 3217, 448: 2980 / 2890;
+# 14336 in 448: 2986 / 2929)
+BWD_LONE_FROM = 704
+BWD_LONE_BLOCK = 512
+BWD_LONE_ITEMS = 4
 # Backward 16-bit rows in 16-byte packs past one register block (N > 16384) split over a
 # thread-block cluster (sm_90, ln_bwd_reg_cluster) of the fewest blocks of at most
 # BWD_REG_CLUSTER_BLOCK threads, up to BWD_REG_CLUSTER_MAX blocks (_bwd_reg_cluster has the
@@ -474,12 +488,10 @@ def backward_plan(n: int, x_dtype, w_dtype, vec: int, smem_limit: int,
         return ahead + (2 * values * acc_dtype(x_dtype).itemsize if shared else 0)
 
     def shared_sums(shape):
-        """The shape with its block past the skipped sizes, and whether its sums go to shared
-        memory (16-bit rows in 16-byte packs, blocks of BWD_SHARED_SUMS_BLOCK and up that fit)."""
+        """The shape, and whether its sums go to shared memory (16-bit rows in 16-byte packs,
+        blocks of BWD_SHARED_SUMS_BLOCK and up that fit)."""
         if shape is None or not packs16:
             return shape, False
-        if shape[2] in BWD_SHARED_SUMS_SKIP:
-            shape = (shape[0] + REG_BLOCK_STEP, shape[1], shape[2] + REG_BLOCK_STEP)
         fits = reg_smem(shape[2], shape[1], True) <= smem_limit - STATIC_SMEM_MARGIN
         return shape, shape[2] >= BWD_SHARED_SUMS_BLOCK and fits
 
@@ -488,6 +500,11 @@ def backward_plan(n: int, x_dtype, w_dtype, vec: int, smem_limit: int,
         wide, wide_shared = shared_sums(_reg_shape(n, vec, values, BWD_SHARED_SUMS_BLOCK_MAX))
         if wide_shared:
             shape, shared = wide, True
+            lone = BWD_LONE_BLOCK, BWD_LONE_ITEMS, BWD_LONE_BLOCK
+            holds = BWD_LONE_BLOCK * BWD_LONE_ITEMS * vec >= n
+            fits = reg_smem(BWD_LONE_BLOCK, BWD_LONE_ITEMS, True) <= smem_limit - STATIC_SMEM_MARGIN
+            if wide[2] > BWD_LONE_FROM and holds and fits:
+                shape = lone
         elif wide is None:  # no block holds the row: a cluster of register blocks (sm_90)
             split = _bwd_reg_cluster(n, vec, values, min(max_cluster, BWD_REG_CLUSTER_MAX))
             if split is not None:

@@ -86,7 +86,12 @@ def test_every_width_gets_a_valid_plan(dtype, smem):
                     assert plan.expr.endswith(f", {plan.block}, {c}, {minb}>") and plan.smem == 0
                 elif plan.tier == "reg":
                     assert plan.tpr * plan.items * vec >= n, (plan, n)  # the row fits
-                    assert plan.items * vec * acc_words <= budget, plan  # registers
+                    lone = not fwd and plan.block == plan.tpr and plan.items * vec > budget
+                    if lone:  # backward rows past BWD_LONE_FROM threads (the sums in shared)
+                        assert (plan.block, plan.items) == (512, 4) and plan.smem == 196608, plan
+                        assert n > _launch.BWD_LONE_FROM * 16, plan
+                    else:
+                        assert plan.items * vec * acc_words <= budget, plan  # registers
                     assert plan.items <= _launch.MAX_ITEMS
                     assert plan.tpr <= 32 or plan.tpr == plan.block
                     assert plan.block <= _reg_block_max(fwd, dtype, vec)
@@ -100,7 +105,6 @@ def test_every_width_gets_a_valid_plan(dtype, smem):
                         ahead = packs16 and plan.block >= 256
                         shared = packs16 and plan.block >= _launch.BWD_SHARED_SUMS_BLOCK
                         assert shared or plan.block <= 512, plan
-                        assert plan.block not in _launch.BWD_SHARED_SUMS_SKIP, plan
                         flags = f"{str(ahead).lower()}, {str(shared).lower()}"
                         assert plan.expr.endswith(f", {plan.block}, {flags}>"), plan
                         pair = 2 * plan.block * plan.items * vec * dtype.itemsize
@@ -232,13 +236,25 @@ def test_tiers_by_width():
     assert _launch.backward_plan(8192, bf16, bf16, 8, SMEM_H100, h100).tier == "reg"
     assert _launch.backward_plan(8192, f32, f32, 4, SMEM_H100, h100).tier == "reg"
     for n, dt, vec, tier, block in (
-        (12288, bf16, 8, "reg", 768),
-        (16384, bf16, 8, "reg", 1024),
         (16384, bf16, 4, "ring", 512),
         (16384, f32, 4, "ring", 512),
     ):
         p = _launch.backward_plan(n, dt, dt, vec, SMEM_H100, h100)
         assert (p.tier, p.block, p.items * vec * p.block) == (tier, block, n), (n, dt, p)
+    # 16-bit rows whose block at 2 vectors a thread would pass 704 threads run 512 threads of 4
+    # vectors (the sums in shared memory), where those fit the SM (not sm_80's 163 KB)
+    for n, smem, tier, block, items in (
+        (11264, SMEM_H100, "reg", 704, 2),
+        (11272, SMEM_H100, "reg", 512, 4),
+        (12288, SMEM_H100, "reg", 512, 4),
+        (16384, SMEM_H100, "reg", 512, 4),
+        (12288, SMEM_A100, "reg", 768, 2),
+        (16384, SMEM_A100, "ring", 512, 4),
+    ):
+        p = _launch.backward_plan(n, bf16, bf16, 8, smem, h100)
+        assert (p.tier, p.block, p.items) == (tier, block, items), (n, smem, p)
+        if tier == "reg":
+            assert p.expr.endswith(f", {items}, {block}, {block}, true, true>"), (n, p)
     # 16-bit rows in 16-byte packs in blocks that share an SM take the size that splits its
     # threads evenly (768 with the sums in registers, 1024 in shared memory): 4160-5120 in
     # blocks of 384, not 320; 6145-7168 in 512, not 448 (where the SM holds two of them)

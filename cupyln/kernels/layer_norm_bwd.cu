@@ -24,10 +24,17 @@ namespace cupyln {
 // threads per SM, float32 4018 against 3448.
 // With SHARED_SUMS (the dw/db sums in shared memory) a thread keeps only x and dy: 1024
 // threads per SM (64 registers); bf16 N=8192 3418 GB/s at two blocks of 512 against 3104 at one.
+// Those blocks also need their shared memory (the next row's packs and the sums, 16-byte packs
+// of T): no more of them than sm_90's 227 KB hold, so a lone block of 512 threads with 4 slots
+// gets the registers it needs (110) instead of spilling at 64.
 template <typename T, int ITEMS, int BLOCK, bool SHARED_SUMS>
 struct BwdRegBlocks {
   static constexpr int threads = SHARED_SUMS ? 1024 : sizeof(T) == 2 ? 768 : ITEMS <= 4 ? 640 : 0;
-  static constexpr int value = threads / BLOCK > 0 ? threads / BLOCK : 1;
+  static constexpr int by_threads = threads / BLOCK > 0 ? threads / BLOCK : 1;
+  static constexpr long values = static_cast<long>(BLOCK) * ITEMS * (16 / sizeof(T));
+  static constexpr long smem = 2 * values * (sizeof(T) + sizeof(typename AccOf<T>::type));
+  static constexpr int by_smem = SHARED_SUMS ? static_cast<int>(227L * 1024 / smem) : by_threads;
+  static constexpr int value = by_smem < 1 ? 1 : by_smem < by_threads ? by_smem : by_threads;
 };
 
 // f(i, pack i of x's row xr, pack i of dy's row gr) for each vector slot i of the thread at
@@ -66,7 +73,8 @@ __device__ __forceinline__ void row_packs(const T* __restrict__ xr, const T* __r
 //   and each block writes its slice of partial row q. Its stores are whole 16-byte words
 //   (store_pack's WHOLE: the compiler split them into 2-byte stores).
 // Limits: N <= C * TPR * ITEMS * VEC; 2 * ITEMS * VEC registers of A for the accumulators
-// (none with SHARED_SUMS) and up to as many for data (launcher: ITEMS * VEC <= 16); AHEAD
+// (none with SHARED_SUMS) and up to as many for data (launcher: ITEMS * VEC <= 16, or 32 in
+// a lone block with SHARED_SUMS); AHEAD
 // needs packs of 4, 8 or 16 bytes; C > 1 needs AHEAD, a block per row and 16-byte packs.
 template <typename T, typename TW, int VEC, int ITEMS, int TPR, int BLOCK, bool AHEAD,
           bool SHARED_SUMS, int C>
