@@ -97,7 +97,9 @@ __device__ __forceinline__ void bwd_reg_rows(
   const int lane = threadIdx.x % TPR;
   const A inv_n = A(1) / A(N);
   // the cluster's index q of Q (the block's without a cluster: a cluster is C consecutive
-  // blocks), and this block's columns of the row: [lo, lo + n) of N
+  // blocks), and this block's columns of the row: [lo, lo + n) of N. From the block index, not
+  // cluster.cuh's reads of the cluster registers: ptxas recomputes these where it needs them,
+  // and keeping the registers' values spilled up to 52 bytes in fp16 blocks of 384 threads.
   const unsigned q = C > 1 ? blockIdx.x / C : blockIdx.x;
   const i64 step = static_cast<i64>(C > 1 ? gridDim.x / C : gridDim.x) * ROWS;
   const int lo = C > 1 ? static_cast<int>(blockIdx.x % C) * SLOTS : 0, n = C > 1 ? N - lo : N;
