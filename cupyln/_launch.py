@@ -117,11 +117,12 @@ BWD_SHARED_SUMS_BLOCK_MAX = 1024  # ...in blocks of up to this many threads
 # thread: N=12288 3382 / 3350 against 3233 / 3250 (768 threads), 13312 3376 / 3331 against
 # 3026 / 3050 (832), 14336 3394 / 3352 against 3173 / 3197 (896), 15360 3389 / 3404 against
 # 3169 / 3230 (1024), 16384 3417 / 3353 against 3173 / 3246 (1024; a second run 3414 / 3447
-# against 3187 / 3286; at 64 registers, blocks of 960 threads spilled). Not at 10240 (3285 /
-# 3267 against 3378 / 3371 for 640 threads: 5/8 of the slots hold packs, against 3/4 at
-# 12288), nor in fewer threads that fit the row (12288 in 384: 3210 / 3217, 448: 2980 / 2890;
-# 14336 in 448: 2986 / 2929)
-BWD_LONE_FROM = 704
+# against 3187 / 3286; at 64 registers, blocks of 960 threads spilled; 10752 and 11264 3343 /
+# 3301 and 3341 / 3302 against 3010 / 3013 and 2981 / 2976 in 704 threads). Not at 10240 (3285
+# / 3267 against 3378 / 3371 in 640 threads; a second run 3290 / 3239 against 3353 / 3341),
+# nor in fewer threads that fit the row (12288 in 384: 3210 / 3217, 448: 2980 / 2890; 14336
+# in 448: 2986 / 2929)
+BWD_LONE_FROM = 640
 BWD_LONE_BLOCK = 512
 BWD_LONE_ITEMS = 4
 # Backward 16-bit rows in 16-byte packs past one register block (N > 16384) split over a

@@ -241,11 +241,12 @@ def test_tiers_by_width():
     ):
         p = _launch.backward_plan(n, dt, dt, vec, SMEM_H100, h100)
         assert (p.tier, p.block, p.items * vec * p.block) == (tier, block, n), (n, dt, p)
-    # 16-bit rows whose block at 2 vectors a thread would pass 704 threads run 512 threads of 4
+    # 16-bit rows whose block at 2 vectors a thread would pass 640 threads run 512 threads of 4
     # vectors (the sums in shared memory), where those fit the SM (not sm_80's 163 KB)
     for n, smem, tier, block, items in (
-        (11264, SMEM_H100, "reg", 704, 2),
-        (11272, SMEM_H100, "reg", 512, 4),
+        (10240, SMEM_H100, "reg", 640, 2),
+        (10248, SMEM_H100, "reg", 512, 4),
+        (11264, SMEM_H100, "reg", 512, 4),
         (12288, SMEM_H100, "reg", 512, 4),
         (16384, SMEM_H100, "reg", 512, 4),
         (12288, SMEM_A100, "reg", 768, 2),
