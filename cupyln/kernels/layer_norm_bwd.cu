@@ -73,9 +73,9 @@ __device__ __forceinline__ void row_packs(const T* __restrict__ xr, const T* __r
 //   and each block writes its slice of partial row q. Its stores are whole 16-byte words
 //   (store_pack's WHOLE: the compiler split them into 2-byte stores).
 // Limits: N <= C * TPR * ITEMS * VEC; 2 * ITEMS * VEC registers of A for the accumulators
-// (none with SHARED_SUMS) and up to as many for data (launcher: ITEMS * VEC <= 16, or 32 in
-// a lone block with SHARED_SUMS); AHEAD
-// needs packs of 4, 8 or 16 bytes; C > 1 needs AHEAD, a block per row and 16-byte packs.
+// (none with SHARED_SUMS) and up to as many for data (launcher: ITEMS * VEC <= 16, or 32 in a
+// lone block with SHARED_SUMS); AHEAD needs packs of 4, 8 or 16 bytes; C > 1 needs AHEAD, a
+// block per row and 16-byte packs.
 template <typename T, typename TW, int VEC, int ITEMS, int TPR, int BLOCK, bool AHEAD,
           bool SHARED_SUMS, int C>
 __device__ __forceinline__ void bwd_reg_rows(
