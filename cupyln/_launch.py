@@ -466,10 +466,11 @@ def _bwd_fill_sm(block: int, items: int, shared: bool, smem, smem_limit: int) ->
     of 4 x 320: 2365 / 2338, fp16 2318 / 2348)."""
     threads = BWD_SHARED_SUMS_THREADS if shared else BWD_REG_THREADS
     blocks = threads // block
-    grown = threads // blocks if blocks >= 2 else block
-    if blocks * (smem(grown, items, shared) + STATIC_SMEM_MARGIN) > smem_limit:
+    if blocks < 2:
         return block
-    return grown
+    grown = threads // blocks
+    fits = blocks * (smem(grown, items, shared) + STATIC_SMEM_MARGIN) <= smem_limit
+    return grown if fits else block
 
 
 def backward_plan(n: int, x_dtype, w_dtype, vec: int, smem_limit: int,
@@ -501,10 +502,9 @@ def backward_plan(n: int, x_dtype, w_dtype, vec: int, smem_limit: int,
         wide, wide_shared = shared_sums(_reg_shape(n, vec, values, BWD_SHARED_SUMS_BLOCK_MAX))
         if wide_shared:
             shape, shared = wide, True
-            lone = BWD_LONE_BLOCK, BWD_LONE_ITEMS, BWD_LONE_BLOCK
-            holds = BWD_LONE_BLOCK * BWD_LONE_ITEMS * vec >= n
-            fits = reg_smem(BWD_LONE_BLOCK, BWD_LONE_ITEMS, True) <= smem_limit - STATIC_SMEM_MARGIN
-            if wide[2] > BWD_LONE_FROM and holds and fits:
+            # (512 threads of 4 vectors hold every row a block of 2 vectors a thread does)
+            lone, lone_fits = shared_sums((BWD_LONE_BLOCK, BWD_LONE_ITEMS, BWD_LONE_BLOCK))
+            if wide[2] > BWD_LONE_FROM and lone_fits:
                 shape = lone
         elif wide is None:  # no block holds the row: a cluster of register blocks (sm_90)
             split = _bwd_reg_cluster(n, vec, values, min(max_cluster, BWD_REG_CLUSTER_MAX))
