@@ -66,55 +66,168 @@ __device__ __forceinline__ void cluster_sync() {
   cluster_wait();
 }
 
-// Writes v (float or double) to the copy of `*local` (a __shared__ address) held by block
-// `rank` of the cluster.
-template <typename A>
-__device__ __forceinline__ void store_remote(A* local, const unsigned rank, const A v) {
-  static_assert(sizeof(A) == 4 || sizeof(A) == 8, "float or double");
+// The 32-bit shared-memory address of a __shared__ pointer.
+__device__ __forceinline__ unsigned shared_address(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+// The address of `*local` (a __shared__ address) in block `rank` of the cluster.
+__device__ __forceinline__ unsigned remote_address(const void* local, const unsigned rank) {
+  unsigned d = 0;
 #if CUPYLN_CLUSTERS
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(local));
-  unsigned d;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(d) : "r"(s), "r"(rank));
-  if constexpr (sizeof(A) == 4) {
-    asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(d), "f"(v) : "memory");
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(d) : "r"(shared_address(local)),
+               "r"(rank));
+#endif
+  return d;
+}
+
+// Stores v (float or double) at `dst`, a shared::cluster address from remote_address; ASYNC:
+// with st.async, counting its bytes on the mbarrier at shared::cluster address `bar` of the same
+// block.
+template <bool ASYNC, typename A>
+__device__ __forceinline__ void store_remote(const unsigned dst, const A v, const unsigned bar) {
+#if CUPYLN_CLUSTERS
+  if constexpr (ASYNC && sizeof(A) == 4) {
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];" ::"r"(
+                     dst),
+                 "r"(__float_as_uint(v)), "r"(bar)
+                 : "memory");
+  } else if constexpr (ASYNC) {
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b64 [%0], %1, [%2];" ::"r"(
+                     dst),
+                 "l"(__double_as_longlong(v)), "r"(bar)
+                 : "memory");
+  } else if constexpr (sizeof(A) == 4) {
+    asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(dst), "f"(v) : "memory");
   } else {
-    asm volatile("st.shared::cluster.f64 [%0], %1;" ::"r"(d), "d"(v) : "memory");
+    asm volatile("st.shared::cluster.f64 [%0], %1;" ::"r"(dst), "d"(v) : "memory");
   }
 #else
   __trap();
 #endif
 }
 
-// W values from each of the C blocks of a cluster to every block: send() gives this block's
-// values (block-wide: the same in every thread) to every block and arrives at the cluster
-// barrier; the next receive() waits there and returns the C * W values received, block p's at
-// [p * W, (p + 1) * W), which the caller combines in rank order so every block gets bitwise
-// the same result. Work between the two overlaps the exchange. `slots` is 2 * C * W values of
-// __shared__ memory at the same offset in every block; exchanges alternate between its two
-// halves, so a block writes a half again only after the wait of the next exchange, which no
-// block passes before every block has read that half (its reads precede its next arrive).
-// Every thread of every block of the cluster makes the same calls; cluster_sync() once before
-// the first send.
-template <int C, typename A, int W>
+// How a ClusterExchange waits for the other blocks' values.
+//   kBarrier: plain stores into the other blocks' shared memory, then the cluster barrier (its
+//   arrive releases, its wait acquires). The release orders all of the thread's earlier memory
+//   operations, the row's global stores among them.
+//   kAsync, kAsyncCluster: st.async stores, each counting its bytes on an mbarrier of the
+//   receiving block, which waits on that mbarrier alone, acquiring at CTA or cluster scope: no
+//   cluster barrier and no release on a row's path.
+//   The forward's register clusters take kAsyncCluster; the backward's take kAsync, except where
+//   the launch bounds hold a thread to 64 registers (blocks of 512 with the sums in shared
+//   memory); the staging clusters kBarrier. H200, M*N = 2**27, one process, best of 3, GB/s
+//   against kBarrier: forward bf16 N=65536 (2 x 512) 3372 against 3263, fp16 3402 / 3249,
+//   float32 3469 / 3433, bf16 49152 (2 x 384) 3143 / 3064, 131072 (4 x 512) 3151 / 3059 (kAsync
+//   there: 3293, 3229, 3297, 3223, 2939); backward bf16 N=20480 (4 x 320) 3150 / 2339, 24576
+//   (4 x 384) 2933 / 2571, 28672 (4 x 448) 2850 / 2472, 40960 (8 x 320) 3013 / 2190
+//   (kAsyncCluster: 2624, 2454, 2758, 2544). Not taken: kAsync in the 64-register backward
+//   blocks (their exchange counter spills: bf16 N=32768 2599 against 2702, 65536 2607 / 2683)
+//   and in the staging clusters (float32 backward N=32768 3021 against 2834, but 65536 2545 /
+//   2648, float64 forward 65536 2572 / 2873). With the barrier's arrive relaxed (no release:
+//   wrong sums) the forward reached 3382 at bf16 N=65536 and the backward 2852 at 32768.
+enum class Sync { kBarrier, kAsync, kAsyncCluster };
+
+// W values from each of the C blocks of a cluster to every block, once a row: send() gives
+// this block's values (block-wide: the same in every thread) to every block (thread p < C
+// writes them into block p), and the next receive() waits for the C blocks' values of that
+// exchange and returns them, block p's at [p * W, (p + 1) * W), which the caller combines in
+// rank order so every block gets bitwise the same result. Work between the two overlaps the
+// exchange. Exchanges alternate between the two halves of the slots: the n-th uses half n % 2.
+//   kBarrier: a block writes a half again only after the wait of the next exchange, which no
+// block passes before every thread of every block has read that half (its reads precede its
+// next arrive).
+//   kAsync*: thread 0 of each block arrives on the half's mbarrier expecting C * W values, and
+// the half's phase (parity n / 2 % 2) completes when all C blocks' values are in. A block
+// writes a half again (exchange n + 2) only after it received exchange n + 1, which no block
+// sends before its threads have read exchange n: the caller puts a barrier of its block
+// (__syncthreads, as in a block-wide sum) between its reads of a receive() and its next send().
+// Every thread of every block of the cluster makes the same calls; start() once before the
+// first send (it is the kernel's first cluster barrier: every block runs before DSMEM is used).
+template <int C, typename A, int W, Sync S = Sync::kBarrier>
 struct ClusterExchange {
-  A* slots;
-  int half = 0;
+  static_assert(sizeof(A) == 4 || sizeof(A) == 8, "float or double");
+  A* slots;        // 2 * C * W values of __shared__ memory at the same offset in every block
+  unsigned n = 0;  // exchanges received
+
+  // kAsync*: the two halves' mbarriers, __shared__ memory of their own. Kept in one struct with
+  // the slots (which every mode declares), they made the kBarrier kernels that stage rows in
+  // dynamic shared memory 8-17% slower (bf16 backward N=32768 2503 GB/s against 2721, float64
+  // 2423 / 2928; not profiled), so a kernel declares nothing for them.
+  __device__ __forceinline__ static unsigned long long* bars() {
+    __shared__ unsigned long long bar[2];
+    return bar;
+  }
+
+  __device__ __forceinline__ void start() {
+#if CUPYLN_CLUSTERS
+    if (S != Sync::kBarrier && threadIdx.x == 0) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {  // one arrival a phase: thread 0's
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(shared_address(&bars()[h]))
+                     : "memory");
+      }
+      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+#endif
+    cluster_sync();
+  }
 
   __device__ __forceinline__ void send(const A (&v)[W]) {
-    A* mine = slots + half * C * W;
-    if (threadIdx.x < C) {  // thread p writes to block p
-      const unsigned r = cluster_rank();
-#pragma unroll
-      for (int j = 0; j < W; ++j) store_remote(mine + r * W + j, threadIdx.x, v[j]);
+#if CUPYLN_CLUSTERS
+    const int h = n & 1;
+    if (S != Sync::kBarrier && threadIdx.x == 0) {
+      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(
+                       shared_address(&bars()[h])),
+                   "r"(static_cast<unsigned>(C * W * sizeof(A)))
+                   : "memory");
     }
-    cluster_arrive();
+    if (threadIdx.x < C) {  // thread p writes to block p
+      const unsigned p = threadIdx.x, r = cluster_rank();
+      const unsigned bar = S != Sync::kBarrier ? remote_address(&bars()[h], p) : 0;
+#pragma unroll
+      for (int j = 0; j < W; ++j) {
+        const unsigned dst = remote_address(slots + (h * C + r) * W + j, p);
+        store_remote<S != Sync::kBarrier>(dst, v[j], bar);
+      }
+    }
+    if constexpr (S == Sync::kBarrier) cluster_arrive();
+#else
+    __trap();
+#endif
   }
 
   __device__ __forceinline__ const A* receive() {
-    cluster_wait();
-    const A* got = slots + half * C * W;
-    half ^= 1;
-    return got;
+    const int h = n & 1;
+#if CUPYLN_CLUSTERS
+    if constexpr (S == Sync::kBarrier) {
+      cluster_wait();
+    } else {
+      const unsigned bar = shared_address(&bars()[h]), parity = (n >> 1) & 1;
+      unsigned done = 0;
+      do {
+        if constexpr (S == Sync::kAsync) {
+          asm volatile(
+              "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+              " selp.u32 %0, 1, 0, p;\n}"
+              : "=r"(done)
+              : "r"(bar), "r"(parity)
+              : "memory");
+        } else {
+          asm volatile(
+              "{\n .reg .pred p;\n"
+              " mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+              " selp.u32 %0, 1, 0, p;\n}"
+              : "=r"(done)
+              : "r"(bar), "r"(parity)
+              : "memory");
+        }
+      } while (!done);
+    }
+#else
+    __trap();
+#endif
+    ++n;
+    return slots + h * C * W;
   }
 
   // receive(), then each of the W values summed over the C blocks in rank order (bitwise the

@@ -92,7 +92,9 @@ __device__ __forceinline__ void bwd_reg_rows(
   constexpr int SLOTS = TPR * ITEMS * VEC;  // padded row length owned by one row group
   static_assert(C == 1 || (AHEAD && ROWS == 1 && C <= 32), "a cluster: a block per row, AHEAD");
   __shared__ A red[TPR > 32 ? 2 * (TPR / 32) : 1];
-  ClusterExchange<C, A, 2> exchange{xch};  // xch: 2 * C * 2 values of __shared__ memory (C > 1)
+  // (the 64-register variants keep the cluster barrier: cluster.cuh Sync)
+  constexpr bool capped = BwdRegBlocks<T, ITEMS, BLOCK, SHARED_SUMS>::value * BLOCK >= 1024;
+  ClusterExchange<C, A, 2, capped ? Sync::kBarrier : Sync::kAsync> exchange{xch};  // __shared__
 
   const int lane = threadIdx.x % TPR;
   const A inv_n = A(1) / A(N);
@@ -167,7 +169,7 @@ __device__ __forceinline__ void bwd_reg_rows(
 
   i64 row = static_cast<i64>(q) * ROWS + threadIdx.x / TPR;
   if constexpr (AHEAD) prefetch(row);
-  if constexpr (C > 1) cluster_sync();  // every block of the cluster runs before DSMEM is used
+  if constexpr (C > 1) exchange.start();
   for (; row < M; row += step) {
     if constexpr (AHEAD) {
       wait_copies<0>(0);
@@ -408,7 +410,7 @@ __device__ __forceinline__ void bwd_ring_rows(
   const i64 row_begin = static_cast<i64>(q) * M / nq;
   const i64 row_end = static_cast<i64>(q + 1) * M / nq;
   const TW* __restrict__ ws = w != nullptr ? w + lo * VEC : nullptr;
-  if constexpr (C > 1) cluster_sync();  // every block of the cluster runs before DSMEM is used
+  if constexpr (C > 1) exchange.start();
 
   A dw_acc[ITEMS][VEC], db_acc[ITEMS][VEC];
 #pragma unroll

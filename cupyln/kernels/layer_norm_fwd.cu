@@ -195,13 +195,13 @@ __global__ void CUPYLN_CLUSTER(C) __launch_bounds__(BLOCK, MINB)
   static_assert(BLOCK % 32 == 0 && BLOCK > 32 && BLOCK <= 1024 && C <= 32, "bad block");
   __shared__ A red[2][BLOCK / 32];  // the slice's sum and sum of squared deviations
   __shared__ A xch[2 * C * 3];
-  ClusterExchange<C, A, 3> exchange{xch};
+  ClusterExchange<C, A, 3, Sync::kAsyncCluster> exchange{xch};
   const int t = threadIdx.x;
   const unsigned rank = cluster_rank();
   const ColumnSlices<C, VEC> slices{N / VEC};
   const int lo = slices.start(rank), nv = slices.start(rank + 1) - lo;  // this block's slice
   const bool stats = mean != nullptr && rank == 0 && t == 0;
-  cluster_sync();  // every block of the cluster runs before DSMEM is used
+  exchange.start();
 
   P raw[ITEMS];  // the slice's elements as loaded
   for (i64 row = cluster_index(); row < M; row += cluster_count()) {
@@ -328,7 +328,7 @@ __global__ void CUPYLN_CLUSTER(C) __launch_bounds__(BLOCK, 1)
   const i64 row_begin = static_cast<i64>(q) * M / nq;
   const i64 row_end = static_cast<i64>(q + 1) * M / nq;
   const bool stats = mean != nullptr && rank == 0 && t == 0;
-  cluster_sync();  // every block of the cluster runs before DSMEM is used
+  exchange.start();
 
   i64 next = row_begin;  // the next row to stage
   for (i64 row = row_begin; row < row_end; ++row) {
