@@ -442,7 +442,10 @@ def _bwd_reg_cluster(n: int, vec: int, values: int, max_cluster: int):
     holds stay in it: split in two blocks they measured 12-18% ahead in the first run (N=10240,
     12288) and 5-18% behind in the second; in two or four blocks 3-19% behind in a third
     (N=10240-16384), where both methods of measuring agreed, so the first run's machine was the
-    outlier."""
+    outlier. The first run's speeds came back with the mbarrier exchange (kernels/cluster.cuh
+    Sync), which the blocks of up to 448 threads take (`cupyln bench`, bf16 / fp16): N=20480
+    3160 / 3138, 24576 2929 / 2769, 40960 2989 / 2996, 49152 2866 / 2738; the blocks of 512
+    threads (64 registers) keep the cluster barrier: 32768 2761 / 2729, 65536 2738 / 2711."""
     cluster = 2
     while cluster <= max_cluster:
         got = _reg_shape(_slice_packs(n, vec, cluster) * vec, vec, values, BWD_REG_CLUSTER_BLOCK)

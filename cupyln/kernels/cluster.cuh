@@ -121,8 +121,8 @@ __device__ __forceinline__ void store_remote(const unsigned dst, const A v, cons
 //   there: 3293, 3229, 3297, 3223, 2939); backward bf16 N=20480 (4 x 320) 3150 / 2339, 24576
 //   (4 x 384) 2933 / 2571, 28672 (4 x 448) 2850 / 2472, 40960 (8 x 320) 3013 / 2190
 //   (kAsyncCluster: 2624, 2454, 2758, 2544). Not taken: kAsync in the 64-register backward
-//   blocks (their exchange counter spills: bf16 N=32768 2599 against 2702, 65536 2607 / 2683)
-//   and in the staging clusters (float32 backward N=32768 3021 against 2834, but 65536 2545 /
+//   blocks (bf16 N=32768 2599 against 2702, 65536 2607 / 2683; not profiled, no spills) and in
+//   the staging clusters (float32 backward N=32768 3021 against 2834, but 65536 2545 /
 //   2648, float64 forward 65536 2572 / 2873). With the barrier's arrive relaxed (no release:
 //   wrong sums) the forward reached 3382 at bf16 N=65536 and the backward 2852 at 32768.
 enum class Sync { kBarrier, kAsync, kAsyncCluster };
