@@ -66,10 +66,6 @@ __device__ __forceinline__ void cluster_sync() {
   cluster_wait();
 }
 
-// The 32-bit shared-memory address of a __shared__ pointer.
-__device__ __forceinline__ unsigned shared_address(const void* p) {
-  return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
 // The address of `*local` (a __shared__ address) in block `rank` of the cluster.
 __device__ __forceinline__ unsigned remote_address(const void* local, const unsigned rank) {
   unsigned d = 0;

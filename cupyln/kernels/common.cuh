@@ -5,6 +5,7 @@
 //
 //   * element types: half_t, bf16_t (storage only), float, double; choose: one of two
 //     arrays by a template flag;
+//   * shared_address: the 32-bit shared-memory address of a __shared__ pointer;
 //   * Acc<T>: the arithmetic type (double for double input, float for everything else);
 //   * widen / narrow: element <-> arithmetic conversions (round-to-nearest-even); widen_at:
 //     element k of a pack (bf16 through the 32-bit word holding it: one instruction);
@@ -19,6 +20,12 @@
 namespace cupyln {
 
 typedef long long i64;
+
+// The 32-bit shared-memory address of a pointer into __shared__ memory (for cp.async, mbarrier
+// and DSMEM instructions).
+__device__ __forceinline__ unsigned shared_address(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
 
 struct half_t {
   unsigned short bits;

@@ -19,7 +19,7 @@ constexpr int RING_DEPTH = 6;  // copy groups in flight per thread, at most
 template <int BYTES>
 __device__ __forceinline__ void copy_async(void* dst, const void* src) {
   if constexpr (BYTES == 16 || BYTES == 8 || BYTES == 4) {
-    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+    const unsigned s = shared_address(dst);
     if constexpr (BYTES == 16) {
       asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(src) : "memory");
     } else {
