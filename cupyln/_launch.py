@@ -455,6 +455,29 @@ def _bwd_reg_cluster(n: int, vec: int, values: int, max_cluster: int):
     return None
 
 
+def _bwd_small_block(n: int, vec: int, values: int):
+    """(vec, (tpr, items, block)) of a 16-bit backward row that a block of fewer than
+    BWD_REG_AHEAD_BLOCK threads holds in ``vec``-element packs: the block sized in steps of a
+    warp (not REG_BLOCK_STEP), each thread only the packs the row needs, and packs of half the
+    width where they leave fewer of the block's slots empty (ties keep the wider). Such blocks
+    are 8 or more an SM, and a thread whose slots are empty still issues their code while the
+    others wait for it at the row's barriers. H200, M*N = 2**27, one process, best of 3, bf16 /
+    fp16 GB/s: N=768 3555 / 3644 at 64 threads x 3 packs of 4 against 3277 / 3408 at 64 x 2
+    packs of 8 (a quarter of the slots empty); 1280 3481 / 3576 at 96 x 2 against 3127 / 3237
+    at 128 x 2; 1536 3697 / 3778 at 96 x 2 against 3312 / 3423 at 128 x 2. Past that (2560,
+    3584, 4608, 5120 in blocks of 160-448 threads, with packs of 4 or a block per warp) they
+    lost by up to 17%, or tied."""
+    best = None
+    for v in (vec, vec // 2):
+        nvec = _cdiv(n, v)
+        block = _cdiv(_cdiv(nvec, values // v), 32) * 32
+        items = _cdiv(nvec, block)
+        empty = block * items * v - n
+        if best is None or empty < best[0]:
+            best = empty, v, (block, items, block)
+    return best[1:]
+
+
 def _bwd_fill_sm(block: int, items: int, shared: bool, smem, smem_limit: int) -> int:
     """The block of a backward 16-bit row that shares its SM with others (a block per row): the
     smallest size that splits the launch bounds' threads per SM evenly among as many blocks, so
@@ -522,6 +545,8 @@ def backward_plan(n: int, x_dtype, w_dtype, vec: int, smem_limit: int,
     if shape is not None:
         tpr, items, block = shape
         if packs16 and tpr == block:
+            if block < BWD_REG_AHEAD_BLOCK:
+                vec, (tpr, items, block) = _bwd_small_block(n, vec, values)
             tpr = block = _bwd_fill_sm(block, items, shared, reg_smem, smem_limit)
         ahead = packs16 and block >= BWD_REG_AHEAD_BLOCK
         expr = _compile.template("ln_bwd_reg", tx, tw, vec, items, tpr, block, ahead, shared)

@@ -67,10 +67,13 @@ def test_every_width_gets_a_valid_plan(dtype, smem):
                 (_launch.forward_plan(n, dtype, dtype, dtype, vec, smem, c, short), 64),
                 (_launch.backward_plan(n, dtype, dtype, vec, smem, c), 16),
             ):
-                assert plan.vec == vec
+                fwd = plan.source != _compile.BWD_SOURCE
+                # 16-bit backward rows of one small block may take packs of half the width
+                small = not fwd and plan.tier == "reg" and plan.tpr == plan.block < 256
+                narrow = small and dtype.itemsize == 2 and vec == 8 and plan.vec == 4
+                assert plan.vec == vec or narrow, (plan, n)
                 assert plan.block % 32 == 0 and 32 <= plan.block <= 1024
                 assert plan.block % plan.tpr == 0 and plan.rows == plan.block // plan.tpr
-                fwd = plan.source != _compile.BWD_SOURCE
                 if plan.tier == "reg" and plan.cluster > 1 and not fwd:
                     _check_bwd_reg_cluster(plan, n, dtype, smem)
                 elif plan.tier == "reg" and plan.cluster > 1:  # forward, a row over a cluster
@@ -85,13 +88,13 @@ def test_every_width_gets_a_valid_plan(dtype, smem):
                     assert plan.expr.startswith("cupyln::ln_fwd_reg_cluster<")
                     assert plan.expr.endswith(f", {plan.block}, {c}, {minb}>") and plan.smem == 0
                 elif plan.tier == "reg":
-                    assert plan.tpr * plan.items * vec >= n, (plan, n)  # the row fits
-                    lone = not fwd and plan.block == plan.tpr and plan.items * vec > budget
+                    assert plan.tpr * plan.items * plan.vec >= n, (plan, n)  # the row fits
+                    lone = not fwd and plan.block == plan.tpr and plan.items * plan.vec > budget
                     if lone:  # backward rows past BWD_LONE_FROM threads (the sums in shared)
                         assert (plan.block, plan.items) == (512, 4) and plan.smem == 196608, plan
                         assert n > _launch.BWD_LONE_FROM * 16, plan
                     else:
-                        assert plan.items * vec * acc_words <= budget, plan  # registers
+                        assert plan.items * plan.vec * acc_words <= budget, plan  # registers
                     assert plan.items <= _launch.MAX_ITEMS
                     assert plan.tpr <= 32 or plan.tpr == plan.block
                     assert plan.block <= _reg_block_max(fwd, dtype, vec)
@@ -173,6 +176,30 @@ def _check_bwd_reg_cluster(plan, n, dtype, smem):
     assert plan.expr == _compile.template("ln_bwd_reg_cluster", *args), plan
     sums = 2 * slots * 4 if shared else 0
     assert plan.smem == 2 * slots * dtype.itemsize + sums, plan
+
+
+def test_small_backward_blocks_fill_their_slots():
+    """16-bit backward rows that one block of under 256 threads holds: the block in steps of a
+    warp, every thread slot holding part of the row somewhere in the block, and packs of 8 bytes
+    where they leave fewer of the block's element slots empty than 16-byte packs."""
+    for dtype in (d for d in DTYPES if d.itemsize == 2):
+        shapes = {}
+        for n in range(520, 1544, 8):
+            plan = _launch.backward_plan(n, dtype, dtype, 8, SMEM_H100, CLUSTERS[SMEM_H100])
+            assert plan.tier == "reg" and plan.tpr == plan.block < 256, (n, plan)
+            assert plan.block % 32 == 0 and plan.vec in (4, 8), (n, plan)
+            packs = n // plan.vec
+            assert plan.items == _launch._cdiv(packs, plan.block), (n, plan)  # none wholly empty
+            assert plan.items * plan.vec <= 16 and plan.smem == 0, (n, plan)
+            empty = plan.block * plan.items * plan.vec - n
+            # 16-byte packs, 2 a thread, the block in steps of a warp
+            block16 = _launch._cdiv(_launch._cdiv(n // 8, 2), 32) * 32
+            empty16 = block16 * _launch._cdiv(n // 8, block16) * 8 - n
+            assert empty <= empty16 and (plan.vec == 8) == (empty == empty16), (n, plan)
+            shapes[n] = (plan.vec, plan.items, plan.block)
+        # the measured widths (_launch._bwd_small_block); 1024 as before
+        assert shapes[768] == (4, 3, 64) and shapes[1024] == (8, 2, 64)
+        assert shapes[1280] == shapes[1536] == (8, 2, 96)
 
 
 def test_tiers_by_width():
