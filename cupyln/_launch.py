@@ -35,8 +35,10 @@ Thresholds and why (H200, bf16, M*N = 2**27; scripts/tune.py, data in docs/):
 * at least 4 threads per row: small rows still get several independent 16-byte loads per
   warp row instead of one thread walking a row;
 * 128 threads per block for the sub-warp tier (1.5% behind 256 at N=512/1024, within noise);
-  wider rows get a block sized to the row in steps of 64 threads, up to 512 for the backward
-  and double rows (1024-thread blocks cap a thread at 64 registers and ptxas spills them) and
+  wider rows get a block sized to the row in steps of 64 threads (the backward's 16-bit rows
+  of one block under BWD_REG_AHEAD_BLOCK threads in steps of a warp: _bwd_small_block), up to
+  512 for the backward and double rows (1024-thread blocks cap a thread at 64 registers and
+  ptxas spills them) and
   up to 1024 for the forward of 16- and 32-bit rows, which the rows kept as loaded fit. On
   sm_90, forward rows in 16-byte vectors past 512 threads split over a thread-block cluster
   instead (FWD_REG_CLUSTER_*);
