@@ -458,25 +458,36 @@ def _bwd_reg_cluster(n: int, vec: int, values: int, max_cluster: int):
 
 
 def _bwd_small_block(n: int, vec: int, values: int):
-    """(vec, (tpr, items, block)) of a 16-bit backward row that a block of fewer than
-    BWD_REG_AHEAD_BLOCK threads holds in ``vec``-element packs: the block sized in steps of a
-    warp (not REG_BLOCK_STEP), each thread only the packs the row needs, and packs of half the
-    width where they leave fewer of the block's slots empty (ties keep the wider). Such blocks
-    are 8 or more an SM, and a thread whose slots are empty still issues their code while the
-    others wait for it at the row's barriers. H200, M*N = 2**27, one process, best of 3, bf16 /
-    fp16 GB/s: N=768 3555 / 3644 at 64 threads x 3 packs of 4 against 3277 / 3408 at 64 x 2
-    packs of 8 (a quarter of the slots empty); 1280 3481 / 3576 at 96 x 2 against 3127 / 3237
-    at 128 x 2; 1536 3697 / 3778 at 96 x 2 against 3312 / 3423 at 128 x 2. Past that (2560,
-    3584, 4608, 5120 in blocks of 160-448 threads, with packs of 4 or a block per warp) they
-    lost by up to 17%, or tied."""
+    """(vec, (tpr, items, block)) of a 16-bit backward row in ``vec``-element packs whose
+    register block has fewer than BWD_REG_AHEAD_BLOCK threads: rows of up to a warp in the
+    fewest threads (a power of two) that hold them, wider rows in a block of their own sized in
+    steps of a warp (not REG_BLOCK_STEP); each thread gets only the packs the row needs, and
+    packs of half the width are taken where they leave fewer of the slots empty (ties keep the
+    wider). The launch bounds give such rows 768 threads an SM, so fewer idle threads a row put
+    more rows in flight (N=1280: 8 rows of 96 threads an SM instead of 6 of 128), and warps of
+    equal work reach the row's barriers together (N=768: every warp 3 packs of 4 elements
+    instead of 2 and 1 packs of 8). H200, M*N = 2**27, one process, best of 3, bf16 / fp16 GB/s
+    against the plans before: N=768 3559 / 3631 at 64 threads x 3 packs of 4 against 3254 /
+    3394 at 64 x 2 packs of 8; 1152 3335 / 3454 at 96 x 3 of 4 against 2917 / 3035 at 128 x 2
+    of 8; 1280 3472 / 3561 at 96 x 2 of 8 against 3113 / 3223; 1536 3691 / 3777 against 3297 /
+    3404; every width of N=520-1536 gained 7-15%. Rows of up to a warp: N=384 3663 / 3753 at
+    32 threads x 3 packs of 4 against 3417 / 3431 at 32 x 2 of 8, 320 3269 / 3400 against 3012
+    / 3026, 160 3186 / 3343 against 2969 / 3018 (16 x 3 of 4), 48 3631 / 3726 against 3411 /
+    3448; N=16-384 gained 4.5-21%, 256, 448 and 512 kept their plans. Past N=1536 (2560, 3584,
+    4608, 5120 in blocks of 160-448 threads, packs of 4 or blocks in steps of a warp) they lost
+    by up to 17%, or tied."""
     best = None
     for v in (vec, vec // 2):
         nvec = _cdiv(n, v)
-        block = _cdiv(_cdiv(nvec, values // v), 32) * 32
-        items = _cdiv(nvec, block)
-        empty = block * items * v - n
+        per = values // v  # packs a thread may hold
+        if nvec <= 32 * per:  # rows of up to a warp, several a block
+            tpr, block = min(32, max(MIN_TPR, _pow2_at_least(_cdiv(nvec, per)))), SUBWARP_BLOCK
+        else:
+            tpr = block = _cdiv(_cdiv(nvec, per), 32) * 32
+        items = _cdiv(nvec, tpr)
+        empty = tpr * items * v - n
         if best is None or empty < best[0]:
-            best = empty, v, (block, items, block)
+            best = empty, v, (tpr, items, block)
     return best[1:]
 
 
@@ -546,9 +557,9 @@ def backward_plan(n: int, x_dtype, w_dtype, vec: int, smem_limit: int,
                 return Plan(source, expr, "reg", vec, items, block, block, 1, smem, cluster)
     if shape is not None:
         tpr, items, block = shape
+        if packs16 and block < BWD_REG_AHEAD_BLOCK:
+            vec, (tpr, items, block) = _bwd_small_block(n, vec, values)
         if packs16 and tpr == block:
-            if block < BWD_REG_AHEAD_BLOCK:
-                vec, (tpr, items, block) = _bwd_small_block(n, vec, values)
             tpr = block = _bwd_fill_sm(block, items, shared, reg_smem, smem_limit)
         ahead = packs16 and block >= BWD_REG_AHEAD_BLOCK
         expr = _compile.template("ln_bwd_reg", tx, tw, vec, items, tpr, block, ahead, shared)

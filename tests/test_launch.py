@@ -68,8 +68,8 @@ def test_every_width_gets_a_valid_plan(dtype, smem):
                 (_launch.backward_plan(n, dtype, dtype, vec, smem, c), 16),
             ):
                 fwd = plan.source != _compile.BWD_SOURCE
-                # 16-bit backward rows of one small block may take packs of half the width
-                small = not fwd and plan.tier == "reg" and plan.tpr == plan.block < 256
+                # 16-bit backward rows in small blocks may take packs of half the width
+                small = not fwd and plan.tier == "reg" and plan.block < 256
                 narrow = small and dtype.itemsize == 2 and vec == 8 and plan.vec == 4
                 assert plan.vec == vec or narrow, (plan, n)
                 assert plan.block % 32 == 0 and 32 <= plan.block <= 1024
@@ -179,25 +179,32 @@ def _check_bwd_reg_cluster(plan, n, dtype, smem):
 
 
 def test_small_backward_blocks_fill_their_slots():
-    """16-bit backward rows that one block of under 256 threads holds: the block in steps of a
-    warp, every thread slot holding part of the row somewhere in the block, and packs of 8 bytes
-    where they leave fewer of the block's element slots empty than 16-byte packs."""
+    """16-bit backward rows whose register block has under 256 threads: rows of up to a warp in
+    a power of two of threads (several rows a block of 128), wider ones in a block of their own
+    in steps of a warp; no thread slot empty in every row group, and packs of 8 bytes where
+    they leave fewer element slots empty than 16-byte packs."""
+    cdiv = _launch._cdiv
     for dtype in (d for d in DTYPES if d.itemsize == 2):
         shapes = {}
-        for n in range(520, 1544, 8):
+        for n in range(8, 1544, 8):
             plan = _launch.backward_plan(n, dtype, dtype, 8, SMEM_H100, CLUSTERS[SMEM_H100])
-            assert plan.tier == "reg" and plan.tpr == plan.block < 256, (n, plan)
-            assert plan.block % 32 == 0 and plan.vec in (4, 8), (n, plan)
+            assert plan.tier == "reg" and plan.block < 256 and plan.vec in (4, 8), (n, plan)
             packs = n // plan.vec
-            assert plan.items == _launch._cdiv(packs, plan.block), (n, plan)  # none wholly empty
+            assert plan.items == cdiv(packs, plan.tpr), (n, plan)  # none wholly empty
             assert plan.items * plan.vec <= 16 and plan.smem == 0, (n, plan)
-            empty = plan.block * plan.items * plan.vec - n
-            # 16-byte packs, 2 a thread, the block in steps of a warp
-            block16 = _launch._cdiv(_launch._cdiv(n // 8, 2), 32) * 32
-            empty16 = block16 * _launch._cdiv(n // 8, block16) * 8 - n
+            empty = plan.tpr * plan.items * plan.vec - n
+            # 16-byte packs, 2 a thread: the threads of the row
+            if n <= 512:
+                assert plan.block == 128 and plan.tpr <= 32 and 32 % plan.tpr == 0, (n, plan)
+                tpr16 = min(32, max(4, 1 << (cdiv(n // 8, 2) - 1).bit_length()))
+            else:
+                assert plan.tpr == plan.block and plan.block % 32 == 0, (n, plan)
+                tpr16 = cdiv(cdiv(n // 8, 2), 32) * 32
+            empty16 = tpr16 * cdiv(n // 8, tpr16) * 8 - n
             assert empty <= empty16 and (plan.vec == 8) == (empty == empty16), (n, plan)
-            shapes[n] = (plan.vec, plan.items, plan.block)
-        # the measured widths (_launch._bwd_small_block); 1024 as before
+            shapes[n] = (plan.vec, plan.items, plan.tpr)
+        # the measured widths (_launch._bwd_small_block); 512, 1024 as before
+        assert shapes[384] == (4, 3, 32) and shapes[512] == (8, 2, 32)
         assert shapes[768] == (4, 3, 64) and shapes[1024] == (8, 2, 64)
         assert shapes[1280] == shapes[1536] == (8, 2, 96)
 
