@@ -247,18 +247,18 @@ def vector_width(itemsize: int, n: int, strides=(), pointers=()) -> int:
     return 1
 
 
-def _reg_shape(n: int, vec: int, values: int, block_max: int):
+def _reg_shape(n: int, vec: int, values: int, block_max: int, step: int = REG_BLOCK_STEP):
     """(tpr, items, block) for the register tier, or None when the row does not fit.
     Rows of up to 32 threads' worth: the fewest threads (a power of two, at least MIN_TPR) that
     hold the row at the full register budget, ITEMS rounded up to a power of two (unused slots
     are predicated off). Wider rows: the full budget per thread and the block sized to the row
-    in steps of 64 threads."""
+    in steps of ``step`` threads."""
     nvec = _cdiv(n, vec)
     items_max = max(1, min(MAX_ITEMS, values // vec))
     if nvec <= 32 * items_max:
         tpr = min(32, max(MIN_TPR, _pow2_at_least(_cdiv(nvec, items_max))))
         return tpr, _pow2_at_least(_cdiv(nvec, tpr)), SUBWARP_BLOCK
-    block = _cdiv(_cdiv(nvec, items_max), REG_BLOCK_STEP) * REG_BLOCK_STEP
+    block = _cdiv(_cdiv(nvec, items_max), step) * step
     if block <= block_max:
         return block, items_max, block
     return None
@@ -478,13 +478,8 @@ def _bwd_small_block(n: int, vec: int, values: int):
     by up to 17%, or tied."""
     best = None
     for v in (vec, vec // 2):
-        nvec = _cdiv(n, v)
-        per = values // v  # packs a thread may hold
-        if nvec <= 32 * per:  # rows of up to a warp, several a block
-            tpr, block = min(32, max(MIN_TPR, _pow2_at_least(_cdiv(nvec, per)))), SUBWARP_BLOCK
-        else:
-            tpr = block = _cdiv(_cdiv(nvec, per), 32) * 32
-        items = _cdiv(nvec, tpr)
+        tpr, _, block = _reg_shape(n, v, values, REG_BLOCK_MAX, step=32)
+        items = _cdiv(_cdiv(n, v), tpr)  # the packs the row needs, not a power of two
         empty = tpr * items * v - n
         if best is None or empty < best[0]:
             best = empty, v, (tpr, items, block)
