@@ -47,6 +47,20 @@ Thresholds and why (H200, bf16, M*N = 2**27; scripts/tune.py, data in docs/):
   per SM against 2807 at one (71 registers), float32 N=16384 3842 against 3599; bf16 N=65536
   at 1024 threads 2406 against 2083 for the ring tier. 1536 threads (40 registers, 16-bit rows
   of 4 vectors) measured 0.5-2% slower at N=512-2048;
+* 16-bit rows in 16-byte vectors, with 16-bit w and b, of FWD_LEAN_FROM elements and up keep
+  FWD_REG_ITEMS_SHORT vectors a thread where that block splits FWD_LEAN_THREADS evenly (192,
+  256, 384 or 512 threads: N=6144-8192, 10241-12288, 14337-16384), and such rows of 4 vectors
+  in a block of their own (short launches too) ask for FWD_LEAN_THREADS threads per SM (40
+  registers): half the bytes in flight a thread, half again the warps. H200, M*N = 2**27, one
+  process, best of 3, GB/s against 8 vectors at 1024 threads: bf16 N=6144 4043 / 3981, 8192
+  3981 / 3935, 11264 4011 / 3963, 12288 3961 / 3929, 15360 3958 / 3936, 16384 3996 / 3927, fp16
+  6144 4025 / 3983, 16384 3995 / 3934; short launches, 4 vectors at 1536 threads against 1024
+  (fp16 M=4096): N=5120 3128 / 3027, 8192 3469 / 3355, 10240 3553 / 3336, 14336 3605 / 3172,
+  15872 3733 / 3393, bf16 M=2048 N=16384 3295 / 3131 (M=1151 N=8192: 2201 / 2289). Blocks of
+  320 and 448 threads lost at 4 vectors (N=9216 3948 / 4013, 13312 3866 / 3950; grown to 384
+  and 512, 3920 and 3844), narrower rows lost or tied (N=2560 3866 / 4054, 4608 3962 / 4067,
+  5120 4011 / 4019), 2048 threads spill at 32 registers (N=16384 3230), and float32 w or b
+  spill at 40;
 * the backward's 16-bit rows of at least BWD_REG_AHEAD_BLOCK threads copy the next row's x and
   dy into shared memory with cp.async while a row is computed (layer_norm_bwd.cu, AHEAD): bf16
   N=8192 3169 GB/s against 2805, N=4096 3501 / 3396, fp16 M=4096 N=8192 2615 / 2395. Smaller
@@ -105,6 +119,8 @@ FWD_CENTER_BYTES = 128  # forward rows kept centered in the arithmetic type: byt
 FWD_CENTER_BLOCK = 128  # ...in blocks of at most this many threads (copies; double: any)
 FWD_CENTER_THREADS = 768  # ...and their launch bounds' threads per SM
 FWD_REG_THREADS = 1024  # forward launch bounds: threads per SM (16- and 32-bit rows)
+FWD_LEAN_FROM = 6144  # 16-bit rows this wide keep FWD_REG_ITEMS_SHORT vectors in any launch...
+FWD_LEAN_THREADS = 1536  # ...where the block divides this; such rows' launch bounds (threads/SM)
 BWD_REG_AHEAD_BLOCK = 256  # 16-bit backward blocks this large copy the next row's x and dy ahead
 # Threads per SM the backward register tier's launch bounds ask for 16-bit rows, with the dw/db
 # sums in registers and in shared memory (kernels/layer_norm_bwd.cu, BwdRegBlocks)
@@ -281,12 +297,21 @@ def forward_plan(n: int, x_dtype, w_dtype, b_dtype, vec: int, smem_limit: int,
     """Kernel variant for the forward of rows of N elements of ``x_dtype``; ``max_cluster``:
     the largest thread-block cluster the device runs (1: none); ``items``: vectors a thread of
     the register tier keeps (forward_items), taken where one block of at most
-    FWD_REG_CLUSTER_BLOCK threads holds the row that way (else FWD_REG_ITEMS)."""
+    FWD_REG_CLUSTER_BLOCK threads holds the row that way (else FWD_REG_ITEMS); 16-bit rows of
+    FWD_LEAN_FROM elements and up take FWD_REG_ITEMS_SHORT where its block divides
+    FWD_LEAN_THREADS (the module's notes)."""
     tx, tw, tb = ctype(x_dtype), ctype(w_dtype), ctype(b_dtype)
     row_bytes = _staged(n, x_dtype.itemsize)
     # double x, w or b: 1024-thread blocks and 64 registers a thread spill
     wide = max(x_dtype.itemsize, w_dtype.itemsize, b_dtype.itemsize) > 4
     block_max = REG_BLOCK_MAX if wide else FWD_REG_BLOCK_MAX
+    wide16 = vec * x_dtype.itemsize == 16
+    # 16-bit rows in 16-byte vectors with 16-bit w and b (wider ones spill at 40 registers)
+    sixteen = wide16 and max(x_dtype.itemsize, w_dtype.itemsize, b_dtype.itemsize) == 2
+    if sixteen and n >= FWD_LEAN_FROM:
+        lean = _reg_shape(n, vec, FWD_REG_ITEMS_SHORT * vec, block_max)
+        if lean is not None and FWD_LEAN_THREADS % lean[2] == 0:  # 192, 256, 384, 512 threads
+            items = FWD_REG_ITEMS_SHORT
     shape = _reg_shape(n, vec, items * vec, block_max)
     if items != FWD_REG_ITEMS and (shape is None or shape[2] > FWD_REG_CLUSTER_BLOCK):
         items = FWD_REG_ITEMS
@@ -294,7 +319,6 @@ def forward_plan(n: int, x_dtype, w_dtype, b_dtype, vec: int, smem_limit: int,
     values = items * vec
     # 16-byte vectors only: rows of narrower ones lost to one block or the ring tier (bf16
     # N=16386, 2-element vectors: 1317 GB/s against 1943; float32 N=8193: 1465 against 2455)
-    wide16 = vec * x_dtype.itemsize == 16
     split = _fwd_reg_cluster(n, vec, values, shape, max_cluster) if wide16 and not wide else None
     if split is not None:
         cluster, items, block = split
@@ -317,7 +341,8 @@ def forward_plan(n: int, x_dtype, w_dtype, b_dtype, vec: int, smem_limit: int,
             and _cdiv(n, centered[0] * vec) == centered[1]  # every slot holds a pack
         )
         tpr, items, block = centered if center else shape
-        threads = FWD_CENTER_THREADS if center else FWD_REG_THREADS
+        lean = sixteen and not center and items == FWD_REG_ITEMS_SHORT and tpr > 32
+        threads = FWD_CENTER_THREADS if center else FWD_LEAN_THREADS if lean else FWD_REG_THREADS
         minb = 1 if wide else max(1, threads // block)
         whole = min(items, n // (tpr * vec)) if center and acc > x_dtype.itemsize else 0
         args = (tx, tw, tb, vec, items, tpr, block, minb, center, whole)

@@ -26,7 +26,7 @@ _REPORT = re.compile(
 def variants(x_dtype):
     """{source: sorted expressions} over every width, vector width and shared-memory limit
     (the forward's at both vector counts a thread keeps),
-    plus every w/b dtype pairing for one register-tier, one row-tier and one ring-tier shape
+    plus every w/b dtype pairing for two register-tier, one row-tier and one ring-tier shapes
     (the ring tier's kernel is in the jagged source) with and without clusters, and a backward
     register and cluster tier.
     The cluster kernels build for sm_80 without their cluster attribute (they never run there)."""
@@ -48,7 +48,8 @@ def variants(x_dtype):
                         out[p.source].add(p.expr)
     for tw in DTYPES:
         for tb in DTYPES:
-            for n, vec in ((4096, 1), (65536, 1), (65536, 16 // x_dtype.itemsize)):
+            full = 16 // x_dtype.itemsize
+            for n, vec in ((4096, 1), (16384, full), (65536, 1), (65536, full)):
                 p = _launch.forward_plan(n, x_dtype, tw, tb, vec, SMEM_H100)  # reg, row, ring
                 out[p.source].add(p.expr)
                 p = _launch.forward_plan(n, x_dtype, tw, tb, vec, SMEM_H100, 8)  # and cluster

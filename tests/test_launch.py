@@ -35,7 +35,8 @@ def _check_fwd_reg(plan, n, dtype):
     centered in the arithmetic type fit 128 bytes a thread, in blocks of at most 128 threads
     unless centered in place (double);
     the WHOLE slots every thread reads unchecked lie inside the row; launch bounds ask for
-    1024 threads per SM (16/32-bit rows; none for double), 768 for centered ones."""
+    1024 threads per SM (16/32-bit rows; none for double), 768 for centered ones, 1536 for
+    16-bit rows in 16-byte vectors kept as loaded at 4 vectors a thread in a block of their own."""
     tail = plan.expr[:-1].split(", ")[-4:]
     block, minb, center, whole = int(tail[0]), int(tail[1]), tail[2] == "true", int(tail[3])
     assert block == plan.block and plan.smem == 0, plan
@@ -47,10 +48,12 @@ def _check_fwd_reg(plan, n, dtype):
         assert -(-n // (plan.tpr * plan.vec)) == plan.items, plan  # every slot holds a pack
     assert 0 <= whole <= plan.items and whole * plan.tpr * plan.vec <= n, plan
     assert whole == 0 or (center and dtype.itemsize == 2), plan
+    lean = dtype.itemsize == 2 and plan.vec == 8 and plan.items == 4 and plan.tpr > 32
     if dtype.itemsize == 8:
         assert minb == 1, plan
     else:
-        assert minb == max(1, (768 if center else 1024) // block), plan
+        threads = 768 if center else 1536 if lean else 1024
+        assert minb == max(1, threads // block), plan
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
@@ -214,10 +217,11 @@ def test_tiers_by_width():
     f32 = np.dtype(np.float32)
     assert _launch.forward_plan(1024, bf16, bf16, bf16, 8, SMEM_H100).tpr == 32  # centered
     assert _launch.forward_plan(4096, bf16, bf16, bf16, 8, SMEM_H100).tier == "reg"
-    # 8 vectors a thread, in blocks of up to 1024 threads (without clusters)
+    # 8 vectors a thread, in blocks of up to 1024 threads (without clusters); 16-bit rows of
+    # 6K-16K elements 4 (test_lean_16bit_rows)
     for n, dt, vec, block, items in (
-        (8192, bf16, 8, 128, 8),
-        (12288, bf16, 8, 192, 8),
+        (8192, bf16, 8, 256, 4),
+        (9216, bf16, 8, 192, 8),
         (32768, bf16, 8, 512, 8),
         (65536, bf16, 8, 1024, 8),
         (16384, f32, 4, 512, 8),
@@ -354,6 +358,44 @@ def test_short_launches_keep_fewer_vectors():
     for n, items, block in ((1024, 4, 128), (16384, 4, 512), (32768, 8, 512)):
         p = _launch.forward_plan(n, bf16, bf16, bf16, 8, SMEM_H100, _launch.MAX_CLUSTER, 4)
         assert (p.tier, p.items, p.block, p.cluster) == ("reg", items, block, 1), (n, p)
+
+
+def test_lean_16bit_rows():
+    """16-bit rows in 16-byte vectors (w and b 16-bit too) of FWD_LEAN_FROM elements and up keep
+    4 vectors a thread where that block splits FWD_LEAN_THREADS evenly (192, 256, 384 or 512
+    threads), else 8; rows kept at 4 vectors in a block of their own, in any launch, ask for
+    1536 threads an SM."""
+    bf16 = [d for d in DTYPES if d.name == "bfloat16"][0]
+    f32 = np.dtype(np.float32)
+    h100 = _launch.MAX_CLUSTER
+    for n, block, items, minb in (
+        (4608, 128, 8, 8),  # narrower than FWD_LEAN_FROM
+        (6144, 192, 4, 8),
+        (7168, 256, 4, 6),
+        (8192, 256, 4, 6),
+        (9216, 192, 8, 5),  # 320 threads at 4 vectors
+        (12288, 384, 4, 4),
+        (13312, 256, 8, 4),  # 448 threads at 4 vectors
+        (16384, 512, 4, 3),
+        (16392, 320, 8, 3),  # 4 vectors would take 576 threads
+    ):
+        for items_asked in (_launch.FWD_REG_ITEMS, _launch.FWD_REG_ITEMS_SHORT):
+            p = _launch.forward_plan(n, bf16, bf16, bf16, 8, SMEM_H100, h100, items_asked)
+            if items_asked == _launch.FWD_REG_ITEMS_SHORT and items == 8 and n < 16392:
+                # short launches: 4 vectors, and 1536 threads an SM for a block of its own
+                b4 = -(-n // 32 // 64) * 64
+                assert p.expr.endswith(f", 4, {b4}, {b4}, {1536 // b4}, false, 0>"), (n, p)
+                continue
+            tail = f", {items}, {block}, {block}, {minb}, false, 0>"
+            assert p.tier == "reg" and p.expr.endswith(tail), (n, items_asked, p)
+    # float32 w and b, or float32 rows: 8 vectors and 1024 threads an SM
+    p = _launch.forward_plan(16384, bf16, f32, f32, 8, SMEM_H100, h100)
+    assert p.expr.endswith(", 8, 256, 256, 4, false, 0>"), p
+    p = _launch.forward_plan(8192, f32, f32, f32, 4, SMEM_H100, h100)
+    assert p.expr.endswith(", 8, 256, 256, 4, false, 0>"), p
+    # rows of up to a warp at 4 vectors keep 1024 (several rows a block)
+    p = _launch.forward_plan(768, bf16, bf16, bf16, 8, SMEM_H100, h100, 4)
+    assert p.expr.endswith(", 4, 32, 128, 8, false, 0>"), p
 
 
 def test_vector_width():
