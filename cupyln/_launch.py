@@ -59,8 +59,9 @@ Thresholds and why (H200, bf16, M*N = 2**27; scripts/tune.py, data in docs/):
   15872 3733 / 3393, bf16 M=2048 N=16384 3295 / 3131 (M=1151 N=8192: 2201 / 2289). Blocks of
   320 and 448 threads lost at 4 vectors (N=9216 3948 / 4013, 13312 3866 / 3950; grown to 384
   and 512, 3920 and 3844), narrower rows lost or tied (N=2560 3866 / 4054, 4608 3962 / 4067,
-  5120 4011 / 4019), 2048 threads spill at 32 registers (N=16384 3230), and float32 w or b
-  spill at 40;
+  5120 4011 / 4019), 2048 threads spill at 32 registers (N=16384 3230). Only on sm_90 (devices
+  with clusters): at 40 registers float32 w or b spill, and sm_80's ptxas spills 8 bytes in
+  blocks of 192, 384 and 448 threads;
 * the backward's 16-bit rows of at least BWD_REG_AHEAD_BLOCK threads copy the next row's x and
   dy into shared memory with cp.async while a row is computed (layer_norm_bwd.cu, AHEAD): bf16
   N=8192 3169 GB/s against 2805, N=4096 3501 / 3396, fp16 M=4096 N=8192 2615 / 2395. Smaller
@@ -306,8 +307,10 @@ def forward_plan(n: int, x_dtype, w_dtype, b_dtype, vec: int, smem_limit: int,
     wide = max(x_dtype.itemsize, w_dtype.itemsize, b_dtype.itemsize) > 4
     block_max = REG_BLOCK_MAX if wide else FWD_REG_BLOCK_MAX
     wide16 = vec * x_dtype.itemsize == 16
-    # 16-bit rows in 16-byte vectors with 16-bit w and b (wider ones spill at 40 registers)
+    # 16-bit rows in 16-byte vectors with 16-bit w and b on sm_90 (the devices with clusters):
+    # at 40 registers wider w or b spill, and so do blocks of 192, 384 and 448 threads on sm_80
     sixteen = wide16 and max(x_dtype.itemsize, w_dtype.itemsize, b_dtype.itemsize) == 2
+    sixteen = sixteen and max_cluster > 1
     if sixteen and n >= FWD_LEAN_FROM:
         lean = _reg_shape(n, vec, FWD_REG_ITEMS_SHORT * vec, block_max)
         if lean is not None and FWD_LEAN_THREADS % lean[2] == 0:  # 192, 256, 384, 512 threads

@@ -30,13 +30,14 @@ def _reg_block_max(forward: bool, dtype, vec: int) -> int:
     return 1024 if dtype.itemsize == 2 and vec == 8 else 512
 
 
-def _check_fwd_reg(plan, n, dtype):
+def _check_fwd_reg(plan, n, dtype, clusters):
     """The forward register tier's template tail (..., BLOCK, MINB, CENTER, WHOLE): rows kept
     centered in the arithmetic type fit 128 bytes a thread, in blocks of at most 128 threads
     unless centered in place (double);
     the WHOLE slots every thread reads unchecked lie inside the row; launch bounds ask for
     1024 threads per SM (16/32-bit rows; none for double), 768 for centered ones, 1536 for
-    16-bit rows in 16-byte vectors kept as loaded at 4 vectors a thread in a block of their own."""
+    16-bit rows in 16-byte vectors kept as loaded at 4 vectors a thread in a block of their own
+    (sm_90, with clusters)."""
     tail = plan.expr[:-1].split(", ")[-4:]
     block, minb, center, whole = int(tail[0]), int(tail[1]), tail[2] == "true", int(tail[3])
     assert block == plan.block and plan.smem == 0, plan
@@ -49,6 +50,7 @@ def _check_fwd_reg(plan, n, dtype):
     assert 0 <= whole <= plan.items and whole * plan.tpr * plan.vec <= n, plan
     assert whole == 0 or (center and dtype.itemsize == 2), plan
     lean = dtype.itemsize == 2 and plan.vec == 8 and plan.items == 4 and plan.tpr > 32
+    lean = lean and clusters > 1
     if dtype.itemsize == 8:
         assert minb == 1, plan
     else:
@@ -102,7 +104,7 @@ def test_every_width_gets_a_valid_plan(dtype, smem):
                     assert plan.tpr <= 32 or plan.tpr == plan.block
                     assert plan.block <= _reg_block_max(fwd, dtype, vec)
                     if fwd:
-                        _check_fwd_reg(plan, n, dtype)
+                        _check_fwd_reg(plan, n, dtype, CLUSTERS[smem])
                     else:
                         # 16-bit rows in 16-byte packs: blocks of 256+ threads copy the next
                         # row's x and dy ahead, blocks of BWD_SHARED_SUMS_BLOCK+ keep the dw/db
@@ -217,11 +219,11 @@ def test_tiers_by_width():
     f32 = np.dtype(np.float32)
     assert _launch.forward_plan(1024, bf16, bf16, bf16, 8, SMEM_H100).tpr == 32  # centered
     assert _launch.forward_plan(4096, bf16, bf16, bf16, 8, SMEM_H100).tier == "reg"
-    # 8 vectors a thread, in blocks of up to 1024 threads (without clusters); 16-bit rows of
-    # 6K-16K elements 4 (test_lean_16bit_rows)
+    # 8 vectors a thread, in blocks of up to 1024 threads (without clusters; with them, 16-bit
+    # rows of 6K-16K elements may keep 4: test_lean_16bit_rows)
     for n, dt, vec, block, items in (
-        (8192, bf16, 8, 256, 4),
-        (9216, bf16, 8, 192, 8),
+        (8192, bf16, 8, 128, 8),
+        (12288, bf16, 8, 192, 8),
         (32768, bf16, 8, 512, 8),
         (65536, bf16, 8, 1024, 8),
         (16384, f32, 4, 512, 8),
@@ -361,10 +363,10 @@ def test_short_launches_keep_fewer_vectors():
 
 
 def test_lean_16bit_rows():
-    """16-bit rows in 16-byte vectors (w and b 16-bit too) of FWD_LEAN_FROM elements and up keep
-    4 vectors a thread where that block splits FWD_LEAN_THREADS evenly (192, 256, 384 or 512
-    threads), else 8; rows kept at 4 vectors in a block of their own, in any launch, ask for
-    1536 threads an SM."""
+    """On sm_90, 16-bit rows in 16-byte vectors (w and b 16-bit too) of FWD_LEAN_FROM elements
+    and up keep 4 vectors a thread where that block splits FWD_LEAN_THREADS evenly (192, 256,
+    384 or 512 threads), else 8; rows kept at 4 vectors in a block of their own, in any launch,
+    ask for 1536 threads an SM."""
     bf16 = [d for d in DTYPES if d.name == "bfloat16"][0]
     f32 = np.dtype(np.float32)
     h100 = _launch.MAX_CLUSTER
@@ -396,6 +398,11 @@ def test_lean_16bit_rows():
     # rows of up to a warp at 4 vectors keep 1024 (several rows a block)
     p = _launch.forward_plan(768, bf16, bf16, bf16, 8, SMEM_H100, h100, 4)
     assert p.expr.endswith(", 4, 32, 128, 8, false, 0>"), p
+    # devices without clusters (sm_80) keep 8 vectors and 1024 threads
+    p = _launch.forward_plan(16384, bf16, bf16, bf16, 8, SMEM_H100, 1)
+    assert p.expr.endswith(", 8, 256, 256, 4, false, 0>"), p
+    p = _launch.forward_plan(16384, bf16, bf16, bf16, 8, SMEM_A100, 1, 4)
+    assert p.expr.endswith(", 4, 512, 512, 2, false, 0>"), p
 
 
 def test_vector_width():
