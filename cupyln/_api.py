@@ -194,15 +194,19 @@ def _eps_code(x_dtype) -> str:
 def _forward_launch(device_id, m, n, x_dtype, w_dtype, b_dtype, vec):
     """(launcher, plan, resident blocks) of the forward of M rows of N on this device: one
     cache lookup per call for a shape seen before (the bridges launch through it each call)."""
-    items = _launch.forward_items(m, n, vec, _device(device_id).sm_count)
-    return _forward_kernel(device_id, n, x_dtype, w_dtype, b_dtype, vec, items)
+    sms = _device(device_id).sm_count
+    items = _launch.forward_items(m, n, vec, sms)
+    got = _forward_kernel(device_id, n, x_dtype, w_dtype, b_dtype, vec, items, False)
+    if _launch.forward_one_wave(m, got[1], sms):
+        got = _forward_kernel(device_id, n, x_dtype, w_dtype, b_dtype, vec, items, True)
+    return got
 
 
 @lru_cache(maxsize=4096)
-def _forward_kernel(device_id, n, x_dtype, w_dtype, b_dtype, vec, items):
+def _forward_kernel(device_id, n, x_dtype, w_dtype, b_dtype, vec, items, one_wave):
     dev = _device(device_id)
     plan = _launch.forward_plan(
-        n, x_dtype, w_dtype, b_dtype, vec, dev.smem_optin, dev.max_cluster, items
+        n, x_dtype, w_dtype, b_dtype, vec, dev.smem_optin, dev.max_cluster, items, one_wave
     )
     k = _get(plan.source, plan.expr, device_id, plan.smem)
     return (

@@ -229,6 +229,7 @@ class Plan:
     rows: int
     smem: int
     cluster: int = 1  # blocks per thread-block cluster, each with a slice of the row
+    center: bool = False  # forward register rows kept centered (layer_norm_fwd.cu CENTER)
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -293,14 +294,34 @@ def forward_items(m: int, n: int, vec: int, sm_count: int) -> int:
     return FWD_REG_ITEMS if enough else FWD_REG_ITEMS_SHORT
 
 
+def forward_one_wave(m: int, plan: Plan, sm_count: int) -> bool:
+    """Whether the grid of a centered forward plan for M rows fits one wave of resident blocks
+    at FWD_REG_THREADS threads per SM and not at FWD_CENTER_THREADS: such a launch then asks for
+    FWD_REG_THREADS (forward_plan's ``one_wave``; 64 registers, which cost the centered rows
+    0.4-2% where a launch has many waves), so that no block waits for a second wave. H200, one
+    process, best of 5, GB/s at 768 / 1024 threads per SM, fp16 (bf16): M=4096 N=1024 1672 /
+    1786 (1691 / 1836), 4224 x 1024 1716 / 1871, 2048 x 2048 1664 / 1872 (1722 / 1836), 2112 x
+    2048 1727 / 1871, 1024 x 4096 1689 / 1846 (1719 / 1824), 8192 x 512 1697 / 1849 (1730 /
+    1910), 4096 x 1000 1613 / 1741; launches that fit one wave at 768 too, or at neither, lost
+    at 1024: 3000 x 1024 1607 / 1555, 4400 x 1024 1752 / 1664, 2200 x 2048 1766 / 1661, 8192 x
+    1024 2315 / 2265, 2**27 / N rows 0.4-1.6% (bf16 N=512-4096)."""
+    if not plan.center:
+        return False
+    blocks = _cdiv(m, plan.rows)
+    per_sm = FWD_CENTER_THREADS // plan.block, FWD_REG_THREADS // plan.block
+    return sm_count * per_sm[0] < blocks <= sm_count * per_sm[1]
+
+
 def forward_plan(n: int, x_dtype, w_dtype, b_dtype, vec: int, smem_limit: int,
-                 max_cluster: int = 1, items: int = FWD_REG_ITEMS) -> Plan:  # fmt: skip
+                 max_cluster: int = 1, items: int = FWD_REG_ITEMS,
+                 one_wave: bool = False) -> Plan:  # fmt: skip
     """Kernel variant for the forward of rows of N elements of ``x_dtype``; ``max_cluster``:
     the largest thread-block cluster the device runs (1: none); ``items``: vectors a thread of
     the register tier keeps (forward_items), taken where one block of at most
     FWD_REG_CLUSTER_BLOCK threads holds the row that way (else FWD_REG_ITEMS); 16-bit rows of
     FWD_LEAN_FROM elements and up take FWD_REG_ITEMS_SHORT where its block divides
-    FWD_LEAN_THREADS (the module's notes)."""
+    FWD_LEAN_THREADS (the module's notes); ``one_wave``: centered rows ask for FWD_REG_THREADS
+    per SM (forward_one_wave; sm_90 only, as the 4-vector rows above)."""
     tx, tw, tb = ctype(x_dtype), ctype(w_dtype), ctype(b_dtype)
     row_bytes = _staged(n, x_dtype.itemsize)
     # double x, w or b: 1024-thread blocks and 64 registers a thread spill
@@ -345,12 +366,16 @@ def forward_plan(n: int, x_dtype, w_dtype, b_dtype, vec: int, smem_limit: int,
         )
         tpr, items, block = centered if center else shape
         lean = sixteen and not center and items == FWD_REG_ITEMS_SHORT and tpr > 32
-        threads = FWD_CENTER_THREADS if center else FWD_LEAN_THREADS if lean else FWD_REG_THREADS
+        if center:
+            threads = FWD_REG_THREADS if one_wave and max_cluster > 1 else FWD_CENTER_THREADS
+        else:
+            threads = FWD_LEAN_THREADS if lean else FWD_REG_THREADS
         minb = 1 if wide else max(1, threads // block)
         whole = min(items, n // (tpr * vec)) if center and acc > x_dtype.itemsize else 0
         args = (tx, tw, tb, vec, items, tpr, block, minb, center, whole)
         expr = _compile.template("ln_fwd_reg", *args)
-        return Plan(_compile.FWD_SOURCE, expr, "reg", vec, items, tpr, block, block // tpr, 0)
+        rows = block // tpr
+        return Plan(_compile.FWD_SOURCE, expr, "reg", vec, items, tpr, block, rows, 0, 1, center)
     ring = _ring_shape(row_bytes, smem_limit) if _async_copyable(vec, x_dtype.itemsize) else None
     if ring is not None:
         block, smem = ring

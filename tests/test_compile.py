@@ -15,7 +15,7 @@ DTYPES = list(TABLE)
 ARCHS = (80, 90)
 BOUNDED_SPILL = 48  # bytes of stack, spill stores or spill loads (ln_bwd_reg_cluster only)
 AHEAD_SPILL = 8  # ...and of ln_bwd_reg copying the next row ahead (AHEAD)
-LEAN_SM80_SPILL = 8  # ...and of sm_90's 1536-thread forward rows built for sm_80 (never run)
+SM90_BOUNDS_SPILL = 8  # ...and of sm_90's forward launch bounds built for sm_80 (never run)
 
 _REPORT = re.compile(
     r"Compiling entry function '(\w+)' for 'sm_\d+'\n"
@@ -26,7 +26,7 @@ _REPORT = re.compile(
 
 def variants(x_dtype):
     """{source: sorted expressions} over every width, vector width and shared-memory limit
-    (the forward's at both vector counts a thread keeps),
+    (the forward's at both vector counts a thread keeps, the short one in a launch of one wave),
     plus every w/b dtype pairing for two register-tier, one row-tier and one ring-tier shapes
     (the ring tier's kernel is in the jagged source) with and without clusters, and a backward
     register and cluster tier.
@@ -40,9 +40,9 @@ def variants(x_dtype):
                         _launch.forward_plan(
                             n, x_dtype, x_dtype, x_dtype, vec, smem, CLUSTERS[smem]
                         ),
-                        _launch.forward_plan(  # short launches
+                        _launch.forward_plan(  # short launches (one wave: centered rows)
                             n, x_dtype, x_dtype, x_dtype, vec, smem, CLUSTERS[smem],
-                            _launch.FWD_REG_ITEMS_SHORT,
+                            _launch.FWD_REG_ITEMS_SHORT, True,
                         ),
                         _launch.backward_plan(n, x_dtype, x_dtype, vec, smem, CLUSTERS[smem]),
                     ):  # fmt: skip
@@ -67,10 +67,13 @@ def variants(x_dtype):
 def _spill_allowed(expr: str, arch: int = 90) -> int:
     """Bytes of stack frame, spill stores and spill loads a kernel variant may report."""
     if arch < 90 and expr.startswith("cupyln::ln_fwd_reg<"):
-        # launch bounds of FWD_LEAN_THREADS threads: taken only on devices with clusters
-        block, minb = (int(a) for a in expr[:-1].split(", ")[6:8])
-        if block * minb > _launch.FWD_REG_THREADS:
-            return LEAN_SM80_SPILL
+        # sm_90's launch bounds (FWD_LEAN_THREADS as loaded, FWD_REG_THREADS for centered rows
+        # in a launch of one wave): taken only on devices with clusters
+        tail = expr[:-1].split(", ")[6:9]
+        threads = int(tail[0]) * int(tail[1])
+        centered = tail[2] == "true"
+        if threads > (_launch.FWD_CENTER_THREADS if centered else _launch.FWD_REG_THREADS):
+            return SM90_BOUNDS_SPILL
     if expr.startswith("cupyln::ln_bwd_reg_cluster<"):
         return BOUNDED_SPILL
     if expr.startswith("cupyln::ln_bwd_reg<") and expr[:-1].split(", ")[6] == "true":
@@ -80,7 +83,7 @@ def _spill_allowed(expr: str, arch: int = 90) -> int:
 
 def test_spill_allowances():
     """Only the two backward register kernels, the second only with AHEAD, and on sm_80 the
-    forward rows of 1536 threads an SM."""
+    forward's sm_90 launch bounds."""
     bf16 = "cupyln::bf16_t"
     assert _spill_allowed(f"cupyln::ln_bwd_reg_cluster<{bf16}, {bf16}, 8, 2, 256, false, 8>") == 48
     assert _spill_allowed(f"cupyln::ln_bwd_reg<{bf16}, {bf16}, 8, 2, 512, 512, true, true>") == 8
@@ -91,6 +94,10 @@ def test_spill_allowances():
     )
     lean = f"cupyln::ln_fwd_reg<{bf16}, {bf16}, {bf16}, 8, 4, 384, 384, 4, false, 0>"
     assert _spill_allowed(lean) == 0 and _spill_allowed(lean, 80) == 8
+    wave = f"cupyln::ln_fwd_reg<{bf16}, {bf16}, {bf16}, 8, 4, 64, 64, 16, true, 4>"
+    assert _spill_allowed(wave) == 0 and _spill_allowed(wave, 80) == 8
+    many = f"cupyln::ln_fwd_reg<{bf16}, {bf16}, {bf16}, 8, 4, 64, 64, 12, true, 4>"
+    assert _spill_allowed(many, 80) == 0
 
 
 @pytest.mark.parametrize("arch", ARCHS)

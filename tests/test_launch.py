@@ -405,6 +405,37 @@ def test_lean_16bit_rows():
     assert p.expr.endswith(", 4, 512, 512, 2, false, 0>"), p
 
 
+def test_one_wave_centered_launches():
+    """A centered forward plan whose grid fits one wave of resident blocks at 1024 threads per SM
+    and not at 768 asks for 1024 (sm_90); other launches, and plans kept as loaded, keep theirs."""
+    bf16 = [d for d in DTYPES if d.name == "bfloat16"][0]
+    h100, short = _launch.MAX_CLUSTER, _launch.FWD_REG_ITEMS_SHORT
+
+    def plan(n, wave=False, clusters=h100):
+        return _launch.forward_plan(n, bf16, bf16, bf16, 8, SMEM_H100, clusters, short, wave)
+
+    for n, m, fits in (
+        (1024, 3168, False),  # 792 blocks of 4 rows: one wave at 768 threads
+        (1024, 3169, True),
+        (1024, 4096, True),
+        (1024, 4224, True),  # 1056 blocks: 8 an SM
+        (1024, 4225, False),
+        (2048, 2048, True),  # blocks of 64 threads, a row each: 12 or 16 an SM
+        (2048, 2113, False),
+        (4096, 1024, True),
+        (512, 8192, True),
+        (768, 4096, False),  # kept as loaded
+    ):
+        assert _launch.forward_one_wave(m, plan(n), 132) == fits, (n, m)
+    for n, block, minb in ((512, 128, 8), (1024, 128, 8), (2048, 64, 16), (4096, 128, 8)):
+        p, q = plan(n), plan(n, True)
+        assert p.center and q.center and (p.tpr, p.block) == (q.tpr, q.block), (n, p, q)
+        assert p.expr.endswith(f", {block}, {768 // block}, true, 4>"), p
+        assert q.expr.endswith(f", {block}, {minb}, true, 4>"), q
+        assert plan(n, True, 1) == p  # without clusters (sm_80): as before
+    assert plan(768, True) == plan(768)
+
+
 def test_vector_width():
     assert _launch.vector_width(2, 4096, (4096,), (0, 256)) == 8
     assert _launch.vector_width(2, 4096, (4097,), (0,)) == 1  # odd row stride

@@ -133,6 +133,21 @@ def test_shared_sums_rows_with_empty_slots(dtype, n, block, items):
     run_and_check(x, w, b, dy)
 
 
+@pytest.mark.parametrize("m,n", [(4096, 1024), (2048, 2048), (1024, 4096), (8192, 512)])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_one_wave_centered_launches(dtype, m, n):
+    """Centered forward rows in a launch that fits one wave at 1024 threads per SM and not at 768
+    take launch bounds of 1024 on sm_90 (as many blocks resident as the grid has, or more)."""
+    x, w, b, dy = inputs((m, n), dtype, dtype, dtype)
+    if int(x.device.compute_capability) == 90:
+        got = cupyln.describe(x, w, b)["forward"]
+        block = int(got.split(" block=")[1].split()[0])
+        resident = int(got.split(" resident=")[1].split()[0])
+        sms = x.device.attributes["MultiProcessorCount"]
+        assert resident == sms * (1024 // block), got
+    run_and_check(x, w, b, dy)
+
+
 @pytest.mark.parametrize(
     "n,cluster,block", [(20480, 4, 320), (32768, 4, 512), (40960, 8, 320), (65536, 8, 512)]
 )
