@@ -18,20 +18,20 @@ Thresholds and why (H200, bf16, M*N = 2**27; scripts/tune.py, data in docs/):
   Fewer vectors per thread lost before the launch bounds too (N=2048 3723 at 4 vectors against
   3546 at 2, 2802 at 1). Every variant stays under ptxas' limit with no spills
   (tests/test_compile.py);
-* the forward's 16-bit and double rows in blocks of up to FWD_CENTER_BLOCK threads keep their
-  values centered in the arithmetic type instead (FWD_CENTER_BYTES a thread: 4 vectors of
-  16-bit values as float copies, layer_norm_fwd.cu CENTER), where every thread's slots hold
-  packs, at FWD_CENTER_THREADS threads per SM (80 registers: the copies and w and b in
-  flight). The 16-bit rows are issue-bound and the copies cut each pass to one instruction
-  an element (H200, M*N = 2**27, against 8 vectors as loaded: bf16 N=512 3977 GB/s against
-  3895, 1000 3949 / 3844, 1024 4022 / 3941, 2048 4080 / 3936, 4096 4035 / 3922, fp16 N=1024
-  4026 / 3943, float64 N=1024 4104 / 3692). At 1024 threads (64 registers) the copies were
-  0.4-2% slower. Rows whose last slot is empty (bf16 N=768) lost at 768 threads (3755 against
-  3972 as loaded) and spill at 1024 for sm_80, so they stay as loaded, as do wider blocks (bf16
-  N=8192 in 256 threads 3848 at 768, 3980 at 1024, 3937 as loaded; 12288 3683 / 3941 in 384
-  threads) and float32 rows, which convert nothing (-1% to +0.6%). Double rows, centered in
-  the registers they were loaded into, take it in every block (float64 N=3072 4115 GB/s
-  against 2541, 4096 4114 / 3077, 6144 3352 / 2370, 8192 3653 / 2744);
+* the forward's 16-bit and double rows in blocks of up to FWD_CENTER_BLOCK threads keep their values
+  centered in the arithmetic type instead (FWD_CENTER_BYTES a thread: 4 vectors of 16-bit values as
+  float copies, layer_norm_fwd.cu CENTER), where every thread's slots hold packs, at
+  FWD_CENTER_THREADS threads per SM (80 registers: the copies and w and b in flight; on sm_90
+  FWD_REG_THREADS where a launch then fits one wave: forward_one_wave). The 16-bit rows are
+  issue-bound and the copies cut each pass to one instruction an element (H200, M*N = 2**27, against
+  8 vectors as loaded: bf16 N=512 3977 GB/s against 3895, 1000 3949 / 3844, 1024 4022 / 3941, 2048
+  4080 / 3936, 4096 4035 / 3922, fp16 N=1024 4026 / 3943, float64 N=1024 4104 / 3692). At 1024
+  threads (64 registers) the copies were 0.4-2% slower. Rows whose last slot is empty (bf16 N=768)
+  lost at 768 threads (3755 against 3972 as loaded) and spill at 1024 for sm_80, so they stay as
+  loaded, as do wider blocks (bf16 N=8192 in 256 threads 3848 at 768, 3980 at 1024, 3937 as loaded;
+  12288 3683 / 3941 in 384 threads) and float32 rows, which convert nothing (-1% to +0.6%). Double
+  rows, centered in the registers they were loaded into, take it in every block (float64 N=3072 4115
+  GB/s against 2541, 4096 4114 / 3077, 6144 3352 / 2370, 8192 3653 / 2744);
 * at least 4 threads per row: small rows still get several independent 16-byte loads per
   warp row instead of one thread walking a row;
 * 128 threads per block for the sub-warp tier (1.5% behind 256 at N=512/1024, within noise);
