@@ -194,20 +194,15 @@ def _eps_code(x_dtype) -> str:
 def _forward_launch(device_id, m, n, x_dtype, w_dtype, b_dtype, vec):
     """(launcher, plan, resident blocks) of the forward of M rows of N on this device: one
     cache lookup per call for a shape seen before (the bridges launch through it each call)."""
-    sms = _device(device_id).sm_count
-    items = _launch.forward_items(m, n, vec, sms)
-    got = _forward_kernel(device_id, n, x_dtype, w_dtype, b_dtype, vec, items, False)
-    if _launch.forward_one_wave(m, got[1], sms):
-        got = _forward_kernel(device_id, n, x_dtype, w_dtype, b_dtype, vec, items, True)
-    return got
+    dev = _device(device_id)
+    plan = _launch.forward_launch_plan(
+        m, n, x_dtype, w_dtype, b_dtype, vec, dev.smem_optin, dev.max_cluster, dev.sm_count
+    )
+    return _forward_kernel(device_id, plan, x_dtype)
 
 
 @lru_cache(maxsize=4096)
-def _forward_kernel(device_id, n, x_dtype, w_dtype, b_dtype, vec, items, one_wave):
-    dev = _device(device_id)
-    plan = _launch.forward_plan(
-        n, x_dtype, w_dtype, b_dtype, vec, dev.smem_optin, dev.max_cluster, items, one_wave
-    )
+def _forward_kernel(device_id, plan, x_dtype):
     k = _get(plan.source, plan.expr, device_id, plan.smem)
     return (
         Launcher(k, _FWD_ARGS + _eps_code(x_dtype)),

@@ -108,6 +108,7 @@ Thresholds and why (H200, bf16, M*N = 2**27; scripts/tune.py, data in docs/):
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from . import _compile
@@ -229,7 +230,7 @@ class Plan:
     rows: int
     smem: int
     cluster: int = 1  # blocks per thread-block cluster, each with a slice of the row
-    center: bool = False  # forward register rows kept centered (layer_norm_fwd.cu CENTER)
+    threads: int = 0  # the forward register tier's launch bounds: threads per SM (0: none)
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -294,22 +295,44 @@ def forward_items(m: int, n: int, vec: int, sm_count: int) -> int:
     return FWD_REG_ITEMS if enough else FWD_REG_ITEMS_SHORT
 
 
-def forward_one_wave(m: int, plan: Plan, sm_count: int) -> bool:
-    """Whether the grid of a centered forward plan for M rows fits one wave of resident blocks
-    at FWD_REG_THREADS threads per SM and not at FWD_CENTER_THREADS: such a launch then asks for
-    FWD_REG_THREADS (forward_plan's ``one_wave``; 64 registers, which cost the centered rows
-    0.4-2% where a launch has many waves), so that no block waits for a second wave. H200, one
-    process, best of 5, GB/s at 768 / 1024 threads per SM, fp16 (bf16): M=4096 N=1024 1672 /
-    1786 (1691 / 1836), 4224 x 1024 1716 / 1871, 2048 x 2048 1664 / 1872 (1722 / 1836), 2112 x
-    2048 1727 / 1871, 1024 x 4096 1689 / 1846 (1719 / 1824), 8192 x 512 1697 / 1849 (1730 /
-    1910), 4096 x 1000 1613 / 1741; launches that fit one wave at 768 too, or at neither, lost
-    at 1024: 3000 x 1024 1607 / 1555, 4400 x 1024 1752 / 1664, 2200 x 2048 1766 / 1661, 8192 x
-    1024 2315 / 2265, 2**27 / N rows 0.4-1.6% (bf16 N=512-4096)."""
-    if not plan.center:
-        return False
-    blocks = _cdiv(m, plan.rows)
-    per_sm = FWD_CENTER_THREADS // plan.block, FWD_REG_THREADS // plan.block
-    return sm_count * per_sm[0] < blocks <= sm_count * per_sm[1]
+def forward_waves(m: int, plan: Plan, sm_count: int) -> float:
+    """Waves of resident blocks the grid of a forward register plan (a block per group of rows)
+    takes for M rows on ``sm_count`` SMs at its launch bounds' threads per SM; 0 for the other
+    plans (their grids are persistent)."""
+    if plan.tier != "reg" or plan.cluster > 1 or not plan.threads:
+        return 0.0
+    return _cdiv(m, plan.rows) / (sm_count * (plan.threads // plan.block))
+
+
+def forward_launch_plan(m: int, n: int, x_dtype, w_dtype, b_dtype, vec: int, smem_limit: int,
+                        max_cluster: int, sm_count: int) -> Plan:  # fmt: skip
+    """The forward's plan for M rows of N: forward_plan at forward_items' vectors a thread; a
+    short launch on sm_90 takes instead, of the plans whose grid fits one wave of resident blocks
+    (centered rows asking for FWD_REG_THREADS, forward_plan's ``one_wave``; rows of
+    FWD_REG_ITEMS vectors), the one that fills it most, where it fills more than that plan's
+    waves fill theirs on average (waves / whole waves): no block then waits for a last, partly
+    empty wave. H200, one process, best of 5, GB/s, fp16 (bf16): M=4096 N=1024 1672 (1691) at
+    768 threads an SM, 1.3 waves, against 1786 (1836) at 1024, one wave; 2048 x 2048 1664 (1722)
+    / 1872 (1836); 1024 x 4096 1689 (1719) / 1846 (1824); 8192 x 512 1697 (1730) / 1849 (1910);
+    M=4096 N=1536 1976 at 4 vectors, 1536 threads (1.3 waves) against 2182 in 32 threads of 6,
+    1024 threads (one wave); a launch that fits one wave at 768 threads lost at 1024 (3000 x
+    1024 1607 / 1555), as did one of two waves at either (4400 x 1024 1752 / 1664)."""
+    items = forward_items(m, n, vec, sm_count)
+    plan = forward_plan(n, x_dtype, w_dtype, b_dtype, vec, smem_limit, max_cluster, items)
+    if items == FWD_REG_ITEMS or max_cluster <= 1:
+        return plan
+    waves = forward_waves(m, plan, sm_count)
+    if not waves:
+        return plan
+    best, fill = plan, waves / math.ceil(waves)
+    for other in (
+        forward_plan(n, x_dtype, w_dtype, b_dtype, vec, smem_limit, max_cluster, items, True),
+        forward_plan(n, x_dtype, w_dtype, b_dtype, vec, smem_limit, max_cluster),
+    ):
+        w = forward_waves(m, other, sm_count)
+        if 0 < w <= 1 and w > fill:
+            best, fill = other, w
+    return best
 
 
 def forward_plan(n: int, x_dtype, w_dtype, b_dtype, vec: int, smem_limit: int,
@@ -321,7 +344,7 @@ def forward_plan(n: int, x_dtype, w_dtype, b_dtype, vec: int, smem_limit: int,
     FWD_REG_CLUSTER_BLOCK threads holds the row that way (else FWD_REG_ITEMS); 16-bit rows of
     FWD_LEAN_FROM elements and up take FWD_REG_ITEMS_SHORT where its block divides
     FWD_LEAN_THREADS (the module's notes); ``one_wave``: centered rows ask for FWD_REG_THREADS
-    per SM (forward_one_wave; sm_90 only, as the 4-vector rows above)."""
+    per SM (forward_launch_plan; sm_90 only, as the 4-vector rows above)."""
     tx, tw, tb = ctype(x_dtype), ctype(w_dtype), ctype(b_dtype)
     row_bytes = _staged(n, x_dtype.itemsize)
     # double x, w or b: 1024-thread blocks and 64 registers a thread spill
@@ -375,7 +398,8 @@ def forward_plan(n: int, x_dtype, w_dtype, b_dtype, vec: int, smem_limit: int,
         args = (tx, tw, tb, vec, items, tpr, block, minb, center, whole)
         expr = _compile.template("ln_fwd_reg", *args)
         rows = block // tpr
-        return Plan(_compile.FWD_SOURCE, expr, "reg", vec, items, tpr, block, rows, 0, 1, center)
+        bounds = 0 if wide else minb * block
+        return Plan(_compile.FWD_SOURCE, expr, "reg", vec, items, tpr, block, rows, 0, 1, bounds)
     ring = _ring_shape(row_bytes, smem_limit) if _async_copyable(vec, x_dtype.itemsize) else None
     if ring is not None:
         block, smem = ring

@@ -52,10 +52,10 @@ def _check_fwd_reg(plan, n, dtype, clusters):
     lean = dtype.itemsize == 2 and plan.vec == 8 and plan.items == 4 and plan.tpr > 32
     lean = lean and clusters > 1
     if dtype.itemsize == 8:
-        assert minb == 1, plan
+        assert minb == 1 and plan.threads == 0, plan
     else:
         threads = 768 if center else 1536 if lean else 1024
-        assert minb == max(1, threads // block), plan
+        assert minb == max(1, threads // block) and plan.threads == minb * block, plan
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
@@ -405,35 +405,44 @@ def test_lean_16bit_rows():
     assert p.expr.endswith(", 4, 512, 512, 2, false, 0>"), p
 
 
-def test_one_wave_centered_launches():
-    """A centered forward plan whose grid fits one wave of resident blocks at 1024 threads per SM
-    and not at 768 asks for 1024 (sm_90); other launches, and plans kept as loaded, keep theirs."""
+def test_short_launches_fill_one_wave():
+    """On sm_90 a short forward launch takes, of its plan, the centered rows at 1024 threads an
+    SM and rows of 8 vectors, the plan whose grid fills one wave of resident blocks most, where
+    it fills more than the first plan's waves do on average."""
     bf16 = [d for d in DTYPES if d.name == "bfloat16"][0]
-    h100, short = _launch.MAX_CLUSTER, _launch.FWD_REG_ITEMS_SHORT
+    f64 = np.dtype(np.float64)
+    h100 = _launch.MAX_CLUSTER
 
-    def plan(n, wave=False, clusters=h100):
-        return _launch.forward_plan(n, bf16, bf16, bf16, 8, SMEM_H100, clusters, short, wave)
+    def plan(m, n, clusters=h100, dt=bf16):
+        vec = 16 // dt.itemsize
+        return _launch.forward_launch_plan(m, n, dt, dt, dt, vec, SMEM_H100, clusters, 132)
 
-    for n, m, fits in (
-        (1024, 3168, False),  # 792 blocks of 4 rows: one wave at 768 threads
-        (1024, 3169, True),
-        (1024, 4096, True),
-        (1024, 4224, True),  # 1056 blocks: 8 an SM
-        (1024, 4225, False),
-        (2048, 2048, True),  # blocks of 64 threads, a row each: 12 or 16 an SM
-        (2048, 2113, False),
-        (4096, 1024, True),
-        (512, 8192, True),
-        (768, 4096, False),  # kept as loaded
+    for m, n, items, tpr, threads in (
+        (3000, 1024, 4, 32, 768),  # one wave at 768 threads already
+        (3168, 1024, 4, 32, 768),
+        (3169, 1024, 4, 32, 1024),  # 793 blocks of 4 rows: one wave at 1024, not at 768
+        (4096, 1024, 4, 32, 1024),
+        (4224, 1024, 4, 32, 1024),
+        (4225, 1024, 4, 32, 768),  # 8 vectors would fill half a wave, 768 a third of two
+        (4400, 1024, 4, 32, 768),
+        (2048, 2048, 4, 64, 1024),
+        (4096, 2048, 4, 64, 768),  # centered at 8 vectors too: 2.6 waves at 768
+        (8192, 512, 4, 16, 1024),
+        (16384, 512, 4, 16, 768),
+        (4096, 1536, 8, 32, 1024),  # kept as loaded: 8 vectors, 1024 blocks of 4 rows
+        (4096, 1280, 8, 32, 1024),
+        (1024, 4096, 4, 128, 1024),
+        (4096, 4096, 4, 128, 768),  # no plan fits one wave
+        (2**27 // 1024, 1024, 4, 32, 768),  # a long launch
     ):
-        assert _launch.forward_one_wave(m, plan(n), 132) == fits, (n, m)
-    for n, block, minb in ((512, 128, 8), (1024, 128, 8), (2048, 64, 16), (4096, 128, 8)):
-        p, q = plan(n), plan(n, True)
-        assert p.center and q.center and (p.tpr, p.block) == (q.tpr, q.block), (n, p, q)
-        assert p.expr.endswith(f", {block}, {768 // block}, true, 4>"), p
-        assert q.expr.endswith(f", {block}, {minb}, true, 4>"), q
-        assert plan(n, True, 1) == p  # without clusters (sm_80): as before
-    assert plan(768, True) == plan(768)
+        p = plan(m, n)
+        assert (p.items, p.tpr, p.threads) == (items, tpr, threads), (m, n, p)
+        w = _launch.forward_waves(m, p, 132)
+        assert w == -(-m // p.rows) / (132 * (threads // p.block)), (m, n, p)
+    assert plan(4096, 1024, 1).threads == 768  # sm_80: no clusters, the first plan
+    assert plan(4096, 1536, 1).items == 4
+    assert _launch.forward_waves(4096, plan(4096, 1024, dt=f64), 132) == 0  # double: no bounds
+    assert _launch.forward_waves(2048, plan(2048, 65536), 132) == 0  # a cluster
 
 
 def test_vector_width():

@@ -133,18 +133,24 @@ def test_shared_sums_rows_with_empty_slots(dtype, n, block, items):
     run_and_check(x, w, b, dy)
 
 
-@pytest.mark.parametrize("m,n", [(4096, 1024), (2048, 2048), (1024, 4096), (8192, 512)])
+SHORT = [(4096, 1024, 4), (2048, 2048, 4), (1024, 4096, 4), (8192, 512, 4), (4096, 1536, 8),
+         (4096, 1280, 8)]  # fmt: skip
+
+
+@pytest.mark.parametrize("m,n,items", SHORT, ids=[f"{m}x{n}" for m, n, _ in SHORT])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-def test_one_wave_centered_launches(dtype, m, n):
-    """Centered forward rows in a launch that fits one wave at 1024 threads per SM and not at 768
-    take launch bounds of 1024 on sm_90 (as many blocks resident as the grid has, or more)."""
+def test_short_launches_fill_one_wave(dtype, m, n, items):
+    """Short forward launches whose grid then fits one wave of resident blocks on sm_90: centered
+    rows at 1024 threads an SM, or rows of 8 vectors a thread (as many blocks resident as the
+    grid has, or more)."""
     x, w, b, dy = inputs((m, n), dtype, dtype, dtype)
     if int(x.device.compute_capability) == 90:
         got = cupyln.describe(x, w, b)["forward"]
         block = int(got.split(" block=")[1].split()[0])
         resident = int(got.split(" resident=")[1].split()[0])
         sms = x.device.attributes["MultiProcessorCount"]
-        assert resident == sms * (1024 // block), got
+        assert f" items={items} " in got and resident == sms * (1024 // block), got
+        assert -(-m // (block // int(got.split(" tpr=")[1].split()[0]))) <= resident, got
     run_and_check(x, w, b, dy)
 
 
