@@ -289,7 +289,8 @@ def forward_items(m: int, n: int, vec: int, sm_count: int) -> int:
     FWD_REG_THREADS threads on every SM at FWD_REG_ITEMS, so that short batches spread over
     more threads (fp16 M=4096: N=1024 1524 -> 1753 GB/s, N=4096 2740 -> 2954; M=16384 N=4096
     3654 -> 3794; M=1151 N=1024 544 -> 726; 4 of the 21 short shapes measured lost, by up to 6%:
-    fp16 M=4096 N=2048, M=16384 N=512)."""
+    fp16 M=4096 N=2048, M=16384 N=512, whose grids at 8 vectors filled one wave: what
+    forward_launch_plan now weighs)."""
     threads = m * _cdiv(n, vec * FWD_REG_ITEMS)
     enough = threads >= FWD_SHORT_WAVES * sm_count * FWD_REG_THREADS
     return FWD_REG_ITEMS if enough else FWD_REG_ITEMS_SHORT
