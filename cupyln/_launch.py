@@ -22,7 +22,7 @@ Thresholds and why (H200, bf16, M*N = 2**27; scripts/tune.py, data in docs/):
   centered in the arithmetic type instead (FWD_CENTER_BYTES a thread: 4 vectors of 16-bit values as
   float copies, layer_norm_fwd.cu CENTER), where every thread's slots hold packs, at
   FWD_CENTER_THREADS threads per SM (80 registers: the copies and w and b in flight; on sm_90
-  FWD_REG_THREADS where a launch then fits one wave: forward_one_wave). The 16-bit rows are
+  FWD_REG_THREADS where a launch then fits one wave: forward_launch_plan). The 16-bit rows are
   issue-bound and the copies cut each pass to one instruction an element (H200, M*N = 2**27, against
   8 vectors as loaded: bf16 N=512 3977 GB/s against 3895, 1000 3949 / 3844, 1024 4022 / 3941, 2048
   4080 / 3936, 4096 4035 / 3922, fp16 N=1024 4026 / 3943, float64 N=1024 4104 / 3692). At 1024
@@ -315,9 +315,11 @@ def forward_launch_plan(m: int, n: int, x_dtype, w_dtype, b_dtype, vec: int, sme
     empty wave. H200, one process, best of 5, GB/s, fp16 (bf16): M=4096 N=1024 1672 (1691) at
     768 threads an SM, 1.3 waves, against 1786 (1836) at 1024, one wave; 2048 x 2048 1664 (1722)
     / 1872 (1836); 1024 x 4096 1689 (1719) / 1846 (1824); 8192 x 512 1697 (1730) / 1849 (1910);
-    M=4096 N=1536 1976 at 4 vectors, 1536 threads (1.3 waves) against 2182 in 32 threads of 6,
-    1024 threads (one wave); a launch that fits one wave at 768 threads lost at 1024 (3000 x
-    1024 1607 / 1555), as did one of two waves at either (4400 x 1024 1752 / 1664)."""
+    rows kept as loaded at 4 vectors, 1536 threads (1.29 waves) against 8 vectors, 1024 threads
+    (0.97): M=4096 N=1280 1788 (1766) / 1992 (1974), 4096 x 1536 1986 (1964) / 2137 (2155),
+    2048 x 2560 1743 (1741) / 1838 (1826), 512 x 14336 1863 (1876) / 2198 (2187). A launch that
+    fits one wave at 768 threads lost at 1024 (3000 x 1024 1607 / 1555), as did one of two
+    waves at either (4400 x 1024 1752 / 1664)."""
     items = forward_items(m, n, vec, sm_count)
     plan = forward_plan(n, x_dtype, w_dtype, b_dtype, vec, smem_limit, max_cluster, items)
     if items == FWD_REG_ITEMS or max_cluster <= 1:
@@ -357,8 +359,8 @@ def forward_plan(n: int, x_dtype, w_dtype, b_dtype, vec: int, smem_limit: int,
     sixteen = wide16 and max(x_dtype.itemsize, w_dtype.itemsize, b_dtype.itemsize) == 2
     sixteen = sixteen and max_cluster > 1
     if sixteen and n >= FWD_LEAN_FROM:
-        lean = _reg_shape(n, vec, FWD_REG_ITEMS_SHORT * vec, block_max)
-        if lean is not None and FWD_LEAN_THREADS % lean[2] == 0:  # 192, 256, 384, 512 threads
+        shape4 = _reg_shape(n, vec, FWD_REG_ITEMS_SHORT * vec, block_max)
+        if shape4 is not None and FWD_LEAN_THREADS % shape4[2] == 0:  # 192, 256, 384, 512
             items = FWD_REG_ITEMS_SHORT
     shape = _reg_shape(n, vec, items * vec, block_max)
     if items != FWD_REG_ITEMS and (shape is None or shape[2] > FWD_REG_CLUSTER_BLOCK):
