@@ -214,9 +214,12 @@ def _forward_kernel(device_id, plan, x_dtype):
 def partial_reduce(device_id, n, x_dtype, w_dtype, db_dtype):
     """(launcher, grid) of ln_partial_reduce, the fixed-order sum of dw/db partial rows of N
     columns, on this device."""
-    cols = _launch.partial_reduce_cols(n, _device(device_id).sm_count)
+    dev = _device(device_id)
+    cols = _launch.partial_reduce_cols(n, dev.sm_count)
     expr = _launch.reduce_expr(x_dtype, w_dtype, db_dtype, cols)
-    return Launcher(_get(_compile.BWD_SOURCE, expr, device_id, 0), _REDUCE_ARGS), -(-n // cols)
+    after_prior = _launch.REDUCE_AFTER_PRIOR and dev.max_cluster > 1  # sm_90
+    k = _get(_compile.BWD_SOURCE, expr, device_id, 0)
+    return Launcher(k, _REDUCE_ARGS, after_prior), -(-n // cols)
 
 
 @lru_cache(maxsize=4096)
@@ -355,7 +358,7 @@ def launch_backward(dev, m, n, dy_ptr, dy_stride, x_ptr, x_stride, x_dtype, w_pt
     if plan.tier == "row":
         g, per = _launch.dwdb_slices(m, n, _device(dev).sm_count)
     else:  # one partial row per block (per cluster of blocks)
-        g = _launch.backward_grid(m, plan.rows, cap)
+        g = _launch.backward_grid(m, plan, cap, _device(dev).sm_count)
     part, owner = workspace(2 * g * n * esz)
     dw_part = part if w_ptr else 0
     db_part = part + g * n * esz

@@ -7,6 +7,12 @@ a buffer laid out as the C parameters are (native alignment), then hands ``cuLau
 that one buffer (``extra``: CU_LAUNCH_PARAM_BUFFER_POINTER / _SIZE) instead of a pointer per
 parameter. The driver copies the parameters before it returns, so the buffer is reused; each
 thread has its own, because the launch releases the GIL.
+
+A ``Launcher`` made with ``after_prior=True`` launches through ``cuLaunchKernelEx`` (called through
+ctypes; CuPy binds only ``cuLaunchKernel``) with programmatic stream serialization: on sm_90 the
+kernel may start before the kernel ahead of it on the stream has finished, and it must call
+``wait_prior_grid()`` (kernels/common.cuh) before reading anything that kernel wrote. Where the
+driver lacks the call, it launches as any other.
 """
 
 from __future__ import annotations
@@ -31,12 +37,28 @@ def _driver():
 
 # cuda.h: the `extra` options of cuLaunchKernel that pass all parameters as one buffer
 _PARAM_BUFFER_POINTER, _PARAM_BUFFER_SIZE, _PARAM_END = 1, 2, 0
+# cuda.h: CUlaunchAttributeID of programmatic stream serialization
+_ATTR_PROGRAMMATIC_STREAM_SERIALIZATION = 6
+# CUlaunchConfig up to numAttrs: grid (3), block (3), shared bytes, stream, attrs, numAttrs
+_CONFIG = struct.Struct("@7IQQI")
+
+
+@functools.cache
+def _launch_kernel_ex():
+    """cuLaunchKernelEx from the driver library (not bound by CuPy), or None."""
+    try:
+        fn = ctypes.CDLL("libcuda.so.1").cuLaunchKernelEx
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_void_p] * 4
+    fn.restype = ctypes.c_int
+    return fn
 
 
 class _Buffer:
     """One thread's argument buffer for one parameter layout."""
 
-    __slots__ = ("pack", "extra", "_data", "_size", "_options")
+    __slots__ = ("pack", "extra", "config", "attrs", "_data", "_size", "_options", "_attr")
 
     def __init__(self, layout: struct.Struct):
         self._data = ctypes.create_string_buffer(max(8, layout.size))  # malloc: 16-aligned
@@ -51,19 +73,26 @@ class _Buffer:
         self.extra = ctypes.addressof(self._options)  # the arrays live as long as the buffer
         data = self._data
         self.pack = lambda *values: layout.pack_into(data, 0, *values)
+        # cuLaunchKernelEx's CUlaunchConfig and its one CUlaunchAttribute (id, padding to 8
+        # bytes, a 64-byte value whose first int enables programmatic stream serialization)
+        self._attr = ctypes.create_string_buffer(72)
+        struct.pack_into("@i4xi", self._attr, 0, _ATTR_PROGRAMMATIC_STREAM_SERIALIZATION, 1)
+        self.attrs = ctypes.addressof(self._attr)
+        self.config = ctypes.create_string_buffer(ctypes.sizeof(_LaunchConfig))
 
 
 class Launcher:
     """Launches one compiled kernel (a ``cupy.RawKernel``) whose parameters have ``fmt``."""
 
-    __slots__ = ("kernel", "fmt", "_func", "_layout", "_local")
+    __slots__ = ("kernel", "fmt", "_func", "_layout", "_local", "_ex")
 
-    def __init__(self, kernel, fmt: str):
+    def __init__(self, kernel, fmt: str, after_prior: bool = False):
         self.kernel = kernel
         self.fmt = fmt
         self._func = kernel.kernel.ptr
         self._layout = struct.Struct("@" + fmt)  # C's layout: each value at its alignment
         self._local = threading.local()
+        self._ex = _launch_kernel_ex() if after_prior else None
 
     def _buffer(self) -> _Buffer:
         buf = getattr(self._local, "buf", None)
@@ -78,7 +107,14 @@ class Launcher:
         buf.pack(*args)
         gx, gy = (grid, 1) if isinstance(grid, int) else grid
         bx, by = (block, 1) if isinstance(block, int) else block
-        _driver().launchKernel(self._func, gx, gy, 1, bx, by, 1, smem, stream, 0, buf.extra)
+        if self._ex is None:
+            _driver().launchKernel(self._func, gx, gy, 1, bx, by, 1, smem, stream, 0, buf.extra)
+            return
+        config = buf.config
+        _CONFIG.pack_into(config, 0, gx, gy, 1, bx, by, 1, smem, stream, buf.attrs, 1)
+        status = self._ex(ctypes.addressof(config), self._func, None, buf.extra)
+        if status:
+            _driver().check_status(status)
 
 
 class _LaunchConfig(ctypes.Structure):

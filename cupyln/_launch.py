@@ -96,7 +96,8 @@ Thresholds and why (H200, bf16, M*N = 2**27; scripts/tune.py, data in docs/):
   arithmetic;
 * the backward's persistent grid stops at M / (rows per block * BWD_MIN_STEPS) blocks: each
   block writes a dw/db partial row, which short batches would otherwise pay for (fp16
-  M=4096, N=1024: 1041 GB/s against 972);
+  M=4096, N=1024: 1041 GB/s against 972); but a grid that leaves SMs with few threads grows
+  (BWD_FILL, backward_grid);
 * other backward rows past the register tier up to 16K elements take its ring tier
   (BWD_RING_BLOCK): x and dy staged ahead with cp.async, the dw/db accumulators in registers;
 * on sm_90, wider rows split their columns over a thread-block cluster of such blocks (the
@@ -151,7 +152,9 @@ BWD_LONE_ITEMS = 4
 # measurements).
 BWD_REG_CLUSTER_BLOCK = 512
 BWD_REG_CLUSTER_MAX = 8
-BWD_MIN_STEPS = 8  # groups of rows each backward block walks at least (backward_grid)
+BWD_MIN_STEPS = 8  # groups of rows each backward block walks at least (backward_grid)...
+# ...unless its SM would have fewer threads than these: (threads an SM, least steps a block)
+BWD_FILL = ((512, 3), (256, 1))
 MAX_ITEMS = 8  # vector slots per thread: 16 unrolled scalar slots spill in the backward
 MIN_TPR = 4
 SUBWARP_BLOCK = 128
@@ -214,6 +217,13 @@ MAX_CLUSTER = 8  # the portable cluster size limit
 MAX_GRID = 2**31 - 1  # blocks in a grid's x dimension; the kernels' row loops take the rest
 REDUCE_BLOCK = (32, 8)  # ln_bwd_dwdb_cols
 PARTIAL_REDUCE_BLOCK = (32, 32)  # ln_partial_reduce
+# ln_partial_reduce launches on sm_90 with programmatic stream serialization (_driver.py): its
+# blocks start as the partials' kernel's blocks leave and wait for that grid's writes (H200, one
+# process, two runs, GB/s against a plain launch: fp16 M=4096 N=1024 1181 -> 1224 and 1170 ->
+# 1225, N=4096 2344 -> 2397 / 2364 -> 2407, N=8192 2797 -> 2863 / 2811 -> 2870, M=1151 N=8192
+# 1382 -> 1432 / 1383 -> 1426, float32 M=4096 N=769 1546 -> 1589 / 1531 -> 1580; the bf16
+# sweep at M*N = 2**27 +0.2% to +0.9%; fp16 M=32768 N=1000 -0.1% / -0.2%)
+REDUCE_AFTER_PRIOR = True
 
 
 @dataclass(frozen=True)
@@ -688,10 +698,40 @@ def dwdb_slices(m: int, n: int, sm_count: int) -> tuple[int, int]:
     return _cdiv(m, per), per
 
 
-def backward_grid(m: int, rows_per_block: int, capacity: int) -> int:
-    """Blocks of a backward with one dw/db partial row each: every block walks at least
-    BWD_MIN_STEPS groups of rows, so short batches write fewer partial rows."""
-    return grid_size(m, rows_per_block * BWD_MIN_STEPS, capacity)
+def backward_grid(m: int, plan: Plan, capacity: int, sm_count: int) -> int:
+    """Blocks (clusters) of a backward with one dw/db partial row each: every block walks at
+    least BWD_MIN_STEPS groups of rows, so short batches write fewer partial rows. A grid of
+    single blocks short of the resident capacity then grows to the first of BWD_FILL (threads an
+    SM, steps a block) whose threads leave every block at least that many steps, so that no SM
+    idles: BWD_FILL_THREADS, 512 threads an SM where each block still walks three groups of
+    rows; to whole blocks an SM where that shortens the most loaded SM's walk (1151 rows in
+    144 blocks leave 12 SMs two blocks of 8 steps, in 264 every SM two of 5); and last to the
+    fewest blocks that walk as many steps (the partial rows cost traffic and, in
+    ln_partial_reduce, rounds of loads).
+    H200, one process, best of 3, GB/s against BWD_MIN_STEPS alone, on shapes apart from those
+    the rule was drawn from: fp16 M=640 N=640 165 -> 253, 640 x 4608 955 -> 1069, 640 x 10240
+    1238 -> 1457, 1280 x 1280 566 -> 691, 2560 x 640 575 -> 732, 2560 x 2560 1456 -> 1489, 5000
+    x 640 1027 -> 1118; bf16 512 x 1024 192 -> 287, 2048 x 2048 1115 -> 1220, 1151 x 8192 1410
+    -> 1652, 3000 x 768 738 -> 926, 8192 x 512 1347 -> 1480; float32 1024 x 4096 1803 -> 2007,
+    2000 x 2000 1725 -> 1860; float64 2048 x 1024 1872 -> 2039; the other grids of 40 shapes
+    within -0.6% .. +1.9%. Tried on the shapes it was drawn from: 4 steps alone lost at fp16
+    1024 x 8192 (1717 against 1576) and bf16 2048 x 4096 (1825 / 1727), 2 and 1 step lost at
+    narrow rows (fp16 2048 x 1024 at 2: 752 against 860 at 4); 256 threads alone left 5-12% at
+    fp16 8192 x 512, 2048 x 2048 and 3000 x 768; 512 threads alone lost 6-16% where blocks then
+    walked 1 or 2 steps (fp16 512 x 2048 412 against 467, 2048 x 1024 752 / 860)."""
+    g = grid_size(m, plan.rows * BWD_MIN_STEPS, capacity)
+    if plan.cluster > 1 or g >= capacity:
+        return g
+    steps = lambda g: _cdiv(m, plan.rows * g)  # noqa: E731  (of the blocks that walk most)
+    for threads, least in BWD_FILL:
+        fill = min(capacity, sm_count * max(1, threads // plan.block))
+        if steps(fill) >= least:
+            break
+    g = max(g, fill)
+    whole = min(capacity, _cdiv(g, sm_count) * sm_count)
+    if _cdiv(whole, sm_count) * steps(whole) < _cdiv(g, sm_count) * steps(g):
+        g = whole
+    return max(1, _cdiv(m, plan.rows * steps(g)))
 
 
 def forward_grid(m: int, plan: Plan, capacity: int) -> int:

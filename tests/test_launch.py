@@ -460,13 +460,40 @@ def test_grid_is_persistent_and_covers_rows():
     assert _launch.grid_size(0, 4, 528) == 1
     assert _launch.grid_size(37, 32, 528) == 2
     assert _launch.grid_size(10**9, 4, 528) == 528  # never past the resident capacity
-    # the backward: every block walks at least BWD_MIN_STEPS groups of rows (fewer dw/db
-    # partial rows for short batches)
+
+
+def _bwd_plan(rows, block, cluster=1):
+    return _launch.Plan("", "", "reg", 8, 2, block // rows, block, rows, 0, cluster)
+
+
+def test_backward_grid():
+    """Every block walks BWD_MIN_STEPS groups of rows, at most the resident blocks; a short
+    grid grows by BWD_FILL to fill the SMs, to whole blocks an SM where that shortens the most
+    loaded SM's walk, then shrinks to the fewest blocks of as many steps."""
     steps = _launch.BWD_MIN_STEPS
-    assert _launch.backward_grid(4096, 1, 1584) == 4096 // steps
-    assert _launch.backward_grid(4096, 4, 1584) == 4096 // (4 * steps)
-    assert _launch.backward_grid(10**9, 4, 528) == 528
-    assert _launch.backward_grid(1, 4, 528) == 1
+    grid = _launch.backward_grid
+    big = _bwd_plan(1, 512)
+    assert grid(8192, big, 264, 132) == 264  # enough rows: the resident blocks
+    assert grid(10**9, _bwd_plan(4, 128), 792, 132) == 792
+    assert grid(2048, _bwd_plan(1, 256), 396, 132) == 2048 // steps  # 8 steps fill 256 threads
+    assert grid(1, _bwd_plan(4, 128), 792, 132) == 1
+    # 512 threads an SM where blocks keep 3 steps (N = 2048 at M = 2048: 4 blocks of 128)
+    assert grid(2048, _bwd_plan(1, 128), 792, 132) == 512
+    # else 256 (M = 2048, N = 1024: 1056 blocks of 64 would walk 2 steps; 528 walk 4 -> 512)
+    assert grid(2048, _bwd_plan(1, 64), 1584, 132) == 512
+    assert grid(512, _bwd_plan(4, 128), 792, 132) == 128  # a block per group of rows at most
+    # whole blocks an SM: 144 blocks of 8 steps leave 12 SMs two; 264 walk 5, 231 as many
+    assert grid(1151, big, 264, 132) == 231
+    assert grid(512, big, 264, 132) == 128  # a block on every SM, 4 steps each
+    for m in (1, 100, 512, 1151, 3000, 8192, 10**5):
+        for rows, block, cap in ((4, 128, 792), (1, 64, 1584), (1, 512, 132), (1, 48, 2112)):
+            g = grid(m, _bwd_plan(rows, block), cap, 132)
+            assert 1 <= g <= cap and g <= -(-m // rows)
+            walk = -(-m // (rows * g))
+            if 1 < g < cap:  # short of the resident blocks: the fewest of as many steps
+                assert -(-m // (rows * (g - 1))) > walk
+    # clusters keep the steps rule (capacity in clusters)
+    assert grid(1024, _bwd_plan(1, 512, 4), 62, 132) == 1024 // steps if 1024 // steps < 62 else 62
 
 
 def test_forward_grid_per_tier():

@@ -14,7 +14,8 @@
 //   * walk_vectors: a group's strided walk over the packs of a span, U loads in flight;
 //   * group_sum: a sum over the TPR threads that own one row, identical in every thread
 //     (xor butterfly inside a warp, fixed-order sum of per-warp partials across warps);
-//   * sum_over_y: fixed-order column sums in the (32, Y) blocks of the dw/db kernels.
+//   * sum_over_y: fixed-order column sums in the (32, Y) blocks of the dw/db kernels;
+//   * wait_prior_grid / release_dependents: programmatic dependent launch (sm_90+).
 #pragma once
 
 namespace cupyln {
@@ -25,6 +26,24 @@ typedef long long i64;
 // and DSMEM instructions).
 __device__ __forceinline__ unsigned shared_address(const void* p) {
   return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
+// Programmatic dependent launch (sm_90+). A kernel launched with programmatic stream
+// serialization (cupyln/_driver.py) may start while the kernel before it on the stream still
+// runs: its blocks become resident as the earlier kernel's blocks leave, instead of after the
+// whole grid has drained. wait_prior_grid() holds it until that kernel has finished and its
+// writes are visible: a dependent kernel calls it before it reads anything. release_dependents()
+// lets the dependent grid launch once every block of this grid has called it (or exited). Both
+// do nothing where no such launch is involved, and before sm_90.
+__device__ __forceinline__ void wait_prior_grid() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void release_dependents() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
 }
 
 struct half_t {

@@ -340,6 +340,7 @@ __global__ void __launch_bounds__(BLOCK, BwdRegBlocks<T, ITEMS, BLOCK, SHARED_SU
                const typename AccOf<T>::type* __restrict__ rstd, T* __restrict__ dx,
                typename AccOf<T>::type* __restrict__ dw_part,
                typename AccOf<T>::type* __restrict__ db_part, const i64 M, const int N) {
+  release_dependents();  // ln_partial_reduce, launched after it, waits for the whole grid
   bwd_reg_rows<T, TW, VEC, ITEMS, TPR, BLOCK, AHEAD, SHARED_SUMS, 1>(
       dy, dy_stride, x, x_stride, w, mean, rstd, dx, dw_part, db_part, M, N, nullptr);
 }
@@ -355,6 +356,7 @@ __global__ void CUPYLN_CLUSTER(C)
                            typename AccOf<T>::type* __restrict__ db_part, const i64 M,
                            const int N) {
   __shared__ typename AccOf<T>::type xch[2 * C * 2];
+  release_dependents();
   bwd_reg_rows<T, TW, VEC, ITEMS, BLOCK, BLOCK, true, SHARED_SUMS, C>(
       dy, dy_stride, x, x_stride, w, mean, rstd, dx, dw_part, db_part, M, N, xch);
 }
@@ -532,6 +534,7 @@ __global__ void __launch_bounds__(BLOCK, 1)
                 const typename AccOf<T>::type* __restrict__ rstd, T* __restrict__ dx,
                 typename AccOf<T>::type* __restrict__ dw_part,
                 typename AccOf<T>::type* __restrict__ db_part, const i64 M, const int N) {
+  release_dependents();
   bwd_ring_rows<T, TW, VEC, ITEMS, BLOCK, 1, 0>(dy, dy_stride, x, x_stride, w, mean, rstd,
                                                 dx, dw_part, db_part, M, N);
 }
@@ -544,6 +547,7 @@ __global__ void CUPYLN_CLUSTER(C) __launch_bounds__(BLOCK, 1)
                    const typename AccOf<T>::type* __restrict__ rstd, T* __restrict__ dx,
                    typename AccOf<T>::type* __restrict__ dw_part,
                    typename AccOf<T>::type* __restrict__ db_part, const i64 M, const int N) {
+  release_dependents();
   bwd_ring_rows<T, TW, VEC, ITEMS, BLOCK, C, LAG>(dy, dy_stride, x, x_stride, w, mean, rstd,
                                                   dx, dw_part, db_part, M, N);
 }
@@ -657,6 +661,7 @@ __global__ void __launch_bounds__(256, 1)
                      typename AccOf<T>::type* __restrict__ db_part, const i64 M, const int N,
                      const i64 rows_per_slice) {
   typedef typename AccOf<T>::type A;
+  release_dependents();
   const int col = blockIdx.x * 32 + threadIdx.x;
   const i64 r0 = static_cast<i64>(blockIdx.y) * rows_per_slice;
   const i64 r1 = r0 + rows_per_slice < M ? r0 + rows_per_slice : M;
@@ -690,6 +695,7 @@ __global__ void __launch_bounds__(32 * Y, 1)
     ln_partial_reduce(const A* __restrict__ dw_part, const A* __restrict__ db_part, const int G,
                       const int N, TW* __restrict__ dw, TB* __restrict__ db) {
   static_assert(C == 8 || C == 16 || C == 32, "columns per block");
+  wait_prior_grid();  // the partials' kernel may still run (programmatic launch, sm_90)
   constexpr int U = 4;
   constexpr int P = Y * (32 / C);  // row phases
   const int col = blockIdx.x * C + threadIdx.x % C;
