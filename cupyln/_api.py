@@ -211,13 +211,19 @@ def _forward_kernel(device_id, plan, x_dtype):
     )
 
 
+@cache
+def _driver_version() -> int:
+    return _cupy().cuda.runtime.driverGetVersion()
+
+
 def partial_reduce(device_id, n, x_dtype, w_dtype, db_dtype):
     """(launcher, grid) of ln_partial_reduce, the fixed-order sum of dw/db partial rows of N
     columns, on this device."""
     dev = _device(device_id)
     cols = _launch.partial_reduce_cols(n, dev.sm_count)
     expr = _launch.reduce_expr(x_dtype, w_dtype, db_dtype, cols)
-    after_prior = _launch.REDUCE_AFTER_PRIOR and dev.max_cluster > 1  # sm_90
+    # sm_90, and a driver that also captures such launches into CUDA graphs (12.3)
+    after_prior = _launch.REDUCE_AFTER_PRIOR and dev.max_cluster > 1 and _driver_version() >= 12030
     k = _get(_compile.BWD_SOURCE, expr, device_id, 0)
     return Launcher(k, _REDUCE_ARGS, after_prior), -(-n // cols)
 

@@ -154,6 +154,36 @@ def test_short_launches_fill_one_wave(dtype, m, n, items):
     run_and_check(x, w, b, dy)
 
 
+@pytest.mark.parametrize("m,n", [(640, 640), (3000, 768), (1151, 8192), (512, 16384), (37, 20480)])
+def test_short_backward_grids_and_dependent_reduce(monkeypatch, m, n):
+    """Short backward launches, whose grids grow to fill the SMs (backward_grid), checked against
+    the float64 reference; ln_partial_reduce launched dependent on the partials' kernel (sm_90,
+    driver 12.3+) gives bitwise the dw/db of a plain launch."""
+    from cupyln import _api, _launch
+
+    x, w, b, dy = inputs((m, n), "bfloat16", "bfloat16", "bfloat16")
+    run_and_check(x, w, b, dy)
+    _, mean, rstd = cupyln.forward(x, w, b)
+
+    def grads(after_prior):
+        monkeypatch.setattr(_launch, "REDUCE_AFTER_PRIOR", after_prior)
+        _api._backward_launch.cache_clear()
+        _api._backward_calls.clear()
+        got = [cupyln.backward(dy, x, w, mean, rstd) for _ in range(3)]
+        vec = _api._vector_width(2, n, (n,), x.data.ptr & 15)
+        red = _api._backward_launch(x.data.device_id, n, x.dtype, w.dtype, w.dtype, vec)[3][0]
+        return got, red
+
+    (dependent, red), (plain, red_plain) = grads(True), grads(False)
+    sm90 = int(x.device.compute_capability) >= 90 and _api._driver_version() >= 12030
+    assert (red._ex is not None) == sm90 and red_plain._ex is None
+    for got in dependent + plain:
+        for a, want in zip(got, plain[0]):
+            assert bool((a == want).all())
+    _api._backward_launch.cache_clear()
+    _api._backward_calls.clear()
+
+
 @pytest.mark.parametrize(
     "n,cluster,block", [(20480, 4, 320), (32768, 4, 512), (40960, 8, 320), (65536, 8, 512)]
 )
