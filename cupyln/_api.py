@@ -246,6 +246,14 @@ def _backward_launch(device_id, n, x_dtype, w_dtype, db_dtype, vec):
 
 
 @lru_cache(maxsize=4096)
+def _backward_grid(device_id, m, n, x_dtype, w_dtype, db_dtype, vec):
+    """_launch.backward_grid of the register, ring and cluster tiers' launch for M rows (one
+    cache lookup per call for a shape seen before)."""
+    _, plan, cap, _, _ = _backward_launch(device_id, n, x_dtype, w_dtype, db_dtype, vec)
+    return _launch.backward_grid(m, plan, cap, _device(device_id).sm_count)
+
+
+@lru_cache(maxsize=4096)
 def _vector_width(itemsize: int, n: int, strides: tuple, align: int) -> int:
     """``_launch.vector_width`` for pointers whose OR has low bits ``align`` (all the packs are
     powers of two up to 16 bytes, so the OR's alignment is every pointer's)."""
@@ -364,7 +372,7 @@ def launch_backward(dev, m, n, dy_ptr, dy_stride, x_ptr, x_stride, x_dtype, w_pt
     if plan.tier == "row":
         g, per = _launch.dwdb_slices(m, n, _device(dev).sm_count)
     else:  # one partial row per block (per cluster of blocks)
-        g = _launch.backward_grid(m, plan, cap, _device(dev).sm_count)
+        g = _backward_grid(dev, m, n, x_dtype, w_dtype, db_dtype, vec)
     part, owner = workspace(2 * g * n * esz)
     dw_part = part if w_ptr else 0
     db_part = part + g * n * esz
