@@ -703,8 +703,8 @@ def backward_grid(m: int, plan: Plan, capacity: int, sm_count: int) -> int:
     least BWD_MIN_STEPS groups of rows, so short batches write fewer partial rows. A grid of
     single blocks short of the resident capacity then grows to the first of BWD_FILL (threads an
     SM, steps a block) whose threads leave every block at least that many steps, so that no SM
-    idles: BWD_FILL_THREADS, 512 threads an SM where each block still walks three groups of
-    rows; to whole blocks an SM where that shortens the most loaded SM's walk (1151 rows in
+    idles: 512 threads an SM where each block still walks three groups of rows, else 256; to
+    whole blocks an SM where that shortens the most loaded SM's walk (1151 rows in
     144 blocks leave 12 SMs two blocks of 8 steps, in 264 every SM two of 5); and last to the
     fewest blocks that walk as many steps (the partial rows cost traffic and, in
     ln_partial_reduce, rounds of loads).
@@ -713,12 +713,13 @@ def backward_grid(m: int, plan: Plan, capacity: int, sm_count: int) -> int:
     1238 -> 1457, 1280 x 1280 566 -> 691, 2560 x 640 575 -> 732, 2560 x 2560 1456 -> 1489, 5000
     x 640 1027 -> 1118; bf16 512 x 1024 192 -> 287, 2048 x 2048 1115 -> 1220, 1151 x 8192 1410
     -> 1652, 3000 x 768 738 -> 926, 8192 x 512 1347 -> 1480; float32 1024 x 4096 1803 -> 2007,
-    2000 x 2000 1725 -> 1860; float64 2048 x 1024 1872 -> 2039; the other grids of 40 shapes
-    within -0.6% .. +1.9%. Tried on the shapes it was drawn from: 4 steps alone lost at fp16
-    1024 x 8192 (1717 against 1576) and bf16 2048 x 4096 (1825 / 1727), 2 and 1 step lost at
-    narrow rows (fp16 2048 x 1024 at 2: 752 against 860 at 4); 256 threads alone left 5-12% at
-    fp16 8192 x 512, 2048 x 2048 and 3000 x 768; 512 threads alone lost 6-16% where blocks then
-    walked 1 or 2 steps (fp16 512 x 2048 412 against 467, 2048 x 1024 752 / 860)."""
+    2000 x 2000 1725 -> 1860, 4096 x 1024 1898 -> 1964; float64 2048 x 1024 1872 -> 2039; the
+    other grids of 42 shapes within -0.6% .. +1.9%. Tried on the shapes it was drawn from: 4
+    steps alone lost at fp16 1024 x 8192 (1717 against 1576) and bf16 2048 x 4096 (1825 /
+    1727); 2 and 1 step lost on narrow rows (fp16 2048 x 1024: 752 and 634 against 860 at 4);
+    256 threads alone left 5-12% at fp16 8192 x 512, 2048 x 2048 and 3000 x 768; 512 threads
+    alone lost 6-16% where blocks then walked 1 or 2 steps (fp16 512 x 2048 412 against 467,
+    2048 x 1024 718 / 827)."""
     g = grid_size(m, plan.rows * BWD_MIN_STEPS, capacity)
     if plan.cluster > 1 or g >= capacity:
         return g

@@ -492,8 +492,9 @@ def test_backward_grid():
             walk = -(-m // (rows * g))
             if 1 < g < cap:  # short of the resident blocks: the fewest of as many steps
                 assert -(-m // (rows * (g - 1))) > walk
-    # clusters keep the steps rule (capacity in clusters)
-    assert grid(1024, _bwd_plan(1, 512, 4), 62, 132) == 1024 // steps if 1024 // steps < 62 else 62
+    # clusters keep the steps rule (capacity in clusters): no growth below the capacity
+    assert grid(1024, _bwd_plan(1, 512, 4), 62, 132) == 62
+    assert grid(100, _bwd_plan(1, 512, 4), 62, 132) == -(-100 // steps)
 
 
 def test_forward_grid_per_tier():
