@@ -36,7 +36,8 @@ Thresholds and why (H200, bf16, M*N = 2**27; scripts/tune.py, data in docs/):
   warp row instead of one thread walking a row;
 * 128 threads per block for the sub-warp tier (1.5% behind 256 at N=512/1024, within noise);
   wider rows get a block sized to the row in steps of 64 threads (the backward's 16-bit rows
-  of one block under BWD_REG_AHEAD_BLOCK threads in steps of a warp: _bwd_small_block), up to
+  of one block under BWD_REG_AHEAD_BLOCK threads in steps of a warp: _bwd_small_block, and
+  rows of 64 or 128 threads several a block: _bwd_group_block), up to
   512 for the backward and double rows (1024-thread blocks cap a thread at 64 registers and
   ptxas spills them) and
   up to 1024 for the forward of 16- and 32-bit rows, which the rows kept as loaded fit. On
@@ -128,6 +129,13 @@ BWD_REG_AHEAD_BLOCK = 256  # 16-bit backward blocks this large copy the next row
 # Threads per SM the backward register tier's launch bounds ask for 16-bit rows, with the dw/db
 # sums in registers and in shared memory (kernels/layer_norm_bwd.cu, BwdRegBlocks)
 BWD_REG_THREADS = 768
+# 16-bit backward rows of 64 or 128 threads (N = 520-1024, 1544-2048 in 16-byte packs) share
+# blocks of BWD_GROUP_BLOCK threads, a row group each with its own named barrier: a block writes
+# one dw/db partial row for all its row groups, so the partial reduce reads 4 or 2 times fewer
+# bytes (_bwd_group_block has the measurements). Such blocks whose threads hold at most 12
+# elements of x (N = 520-768: 3 packs of 4) ask for 1024 threads an SM (64 registers, which
+# the lone 64-thread blocks reached anyway), the others for BWD_REG_THREADS (BwdRegBlocks).
+BWD_GROUP_BLOCK = 256
 BWD_SHARED_SUMS_THREADS = 1024
 BWD_REG_VALUES = 16
 BWD_SHARED_SUMS_BLOCK = 448  # 16-bit backward blocks this large keep dw/db in shared memory
@@ -576,6 +584,22 @@ def _bwd_small_block(n: int, vec: int, values: int):
     return best[1:]
 
 
+def _bwd_group_block(tpr: int) -> int:
+    """The block of the backward's 16-bit register rows of ``tpr`` threads (more than a warp,
+    under BWD_REG_AHEAD_BLOCK): BWD_GROUP_BLOCK threads where ``tpr`` divides it, each row group
+    synchronised by its own named barrier, so that one block writes one dw/db partial row for
+    several rows (N=768: 528 partial rows instead of 2112); other rows keep a block each. H200,
+    M*N = 2**27, one process, best of 3, bf16 / fp16 GB/s against a block a row: N=520 2881 /
+    2677 (bf16), 576 3114 / 2922, 640 3408 / 3233 (fp16 3544 / 3357), 704 3382 / 3373, 768
+    3622 / 3566 (fp16 3742 / 3666; a second run 3613 / 3571, 3741 / 3657); 832-1024 and
+    1544-2048 within -1% .. +0.8% (1024 3789 / 3780, fp16 3806 / 3844; 2048 3727 / 3699, fp16
+    3754 / 3780). Short batches: bf16 M=1024 N=1024 596 / 520, fp16 M=4096 N=1024 1439 / 1241,
+    bf16 M=2048 N=2048 1363 / 1220, M=3000 N=768 990 / 905, fp16 M=16384 N=768 2360 / 2202.
+    Rows of 96 threads lost in blocks of 192 (N=1040 2527 / 3108, 1152 2789 / 3346 in 3 packs
+    of 4 at 768 threads an SM; 1536 within 1%)."""
+    return BWD_GROUP_BLOCK if BWD_GROUP_BLOCK % tpr == 0 else tpr
+
+
 def _bwd_fill_sm(block: int, items: int, shared: bool, smem, smem_limit: int) -> int:
     """The block of a backward 16-bit row that shares its SM with others (a block per row): the
     smallest size that splits the launch bounds' threads per SM evenly among as many blocks, so
@@ -647,8 +671,10 @@ def backward_plan(n: int, x_dtype, w_dtype, vec: int, smem_limit: int,
         if packs16 and tpr == block:
             tpr = block = _bwd_fill_sm(block, items, shared, reg_smem, smem_limit)
         ahead = packs16 and block >= BWD_REG_AHEAD_BLOCK
-        expr = _compile.template("ln_bwd_reg", tx, tw, vec, items, tpr, block, ahead, shared)
         smem = reg_smem(block, items, shared) if packs16 else 0
+        if packs16 and not ahead and tpr > 32:
+            block = _bwd_group_block(tpr)
+        expr = _compile.template("ln_bwd_reg", tx, tw, vec, items, tpr, block, ahead, shared)
         return Plan(_compile.BWD_SOURCE, expr, "reg", vec, items, tpr, block, block // tpr, smem)
     ring = _bwd_ring_shape(n, vec, x_dtype.itemsize, values, _share(smem_limit), max_cluster)
     if ring is not None:

@@ -74,7 +74,7 @@ def test_every_width_gets_a_valid_plan(dtype, smem):
             ):
                 fwd = plan.source != _compile.BWD_SOURCE
                 # 16-bit backward rows in small blocks may take packs of half the width
-                small = not fwd and plan.tier == "reg" and plan.block < 256
+                small = not fwd and plan.tier == "reg" and plan.tpr < 256
                 narrow = small and dtype.itemsize == 2 and vec == 8 and plan.vec == 4
                 assert plan.vec == vec or narrow, (plan, n)
                 assert plan.block % 32 == 0 and 32 <= plan.block <= 1024
@@ -101,7 +101,13 @@ def test_every_width_gets_a_valid_plan(dtype, smem):
                     else:
                         assert plan.items * plan.vec * acc_words <= budget, plan  # registers
                     assert plan.items <= _launch.MAX_ITEMS
-                    assert plan.tpr <= 32 or plan.tpr == plan.block
+                    # rows of 64 or 128 threads share blocks in the backward's 16-bit rows
+                    grouped = not fwd and plan.tpr in (64, 128) and dtype.itemsize == 2
+                    grouped = grouped and vec == 8
+                    if grouped:
+                        assert plan.block == _launch.BWD_GROUP_BLOCK, plan
+                    else:
+                        assert plan.tpr <= 32 or plan.tpr == plan.block, plan
                     assert plan.block <= _reg_block_max(fwd, dtype, vec)
                     if fwd:
                         _check_fwd_reg(plan, n, dtype, CLUSTERS[smem])
@@ -110,7 +116,7 @@ def test_every_width_gets_a_valid_plan(dtype, smem):
                         # row's x and dy ahead, blocks of BWD_SHARED_SUMS_BLOCK+ keep the dw/db
                         # sums in shared memory (and only they go past 512 threads)
                         packs16 = dtype.itemsize == 2 and vec == 8
-                        ahead = packs16 and plan.block >= 256
+                        ahead = packs16 and plan.tpr >= 256
                         shared = packs16 and plan.block >= _launch.BWD_SHARED_SUMS_BLOCK
                         assert shared or plan.block <= 512, plan
                         flags = f"{str(ahead).lower()}, {str(shared).lower()}"
@@ -185,15 +191,16 @@ def _check_bwd_reg_cluster(plan, n, dtype, smem):
 
 def test_small_backward_blocks_fill_their_slots():
     """16-bit backward rows whose register block has under 256 threads: rows of up to a warp in
-    a power of two of threads (several rows a block of 128), wider ones in a block of their own
-    in steps of a warp; no thread slot empty in every row group, and packs of 8 bytes where
-    they leave fewer element slots empty than 16-byte packs."""
+    a power of two of threads (several rows a block of 128), wider ones in steps of a warp (64
+    threads four rows a block, other widths a block of their own); no thread slot empty in
+    every row group, and packs of 8 bytes where they leave fewer element slots empty than
+    16-byte packs."""
     cdiv = _launch._cdiv
     for dtype in (d for d in DTYPES if d.itemsize == 2):
         shapes = {}
         for n in range(8, 1544, 8):
             plan = _launch.backward_plan(n, dtype, dtype, 8, SMEM_H100, CLUSTERS[SMEM_H100])
-            assert plan.tier == "reg" and plan.block < 256 and plan.vec in (4, 8), (n, plan)
+            assert plan.tier == "reg" and plan.tpr < 256 and plan.vec in (4, 8), (n, plan)
             packs = n // plan.vec
             assert plan.items == cdiv(packs, plan.tpr), (n, plan)  # none wholly empty
             assert plan.items * plan.vec <= 16 and plan.smem == 0, (n, plan)
@@ -202,8 +209,9 @@ def test_small_backward_blocks_fill_their_slots():
             if n <= 512:
                 assert plan.block == 128 and plan.tpr <= 32 and 32 % plan.tpr == 0, (n, plan)
                 tpr16 = min(32, max(4, 1 << (cdiv(n // 8, 2) - 1).bit_length()))
-            else:
-                assert plan.tpr == plan.block and plan.block % 32 == 0, (n, plan)
+            else:  # rows of 64 threads in blocks of 4, others a block each
+                assert plan.tpr % 32 == 0, (n, plan)
+                assert plan.block == (256 if plan.tpr == 64 else plan.tpr), (n, plan)
                 tpr16 = cdiv(cdiv(n // 8, 2), 32) * 32
             empty16 = tpr16 * cdiv(n // 8, tpr16) * 8 - n
             assert empty <= empty16 and (plan.vec == 8) == (empty == empty16), (n, plan)

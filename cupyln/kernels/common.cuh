@@ -257,13 +257,26 @@ __device__ __forceinline__ A shfl_xor(unsigned mask, A v, int lane_mask) {
 // same bits back (the butterfly adds the same pairs in every lane; the cross-warp step sums the
 // warp partials in one fixed order in every thread).
 //   TPR <= 32: the group is an aligned slice of a warp; only its lanes take part.
-//   TPR  > 32: the group is the whole block (TPR == blockDim.x); `red` holds TPR/32 values and
-//              the call contains __syncthreads(), so every thread of the block must call it.
+//   TPR  > 32: whole warps; `red` (the group's own) holds TPR/32 values and the call contains
+//              group_barrier<TPR, BLOCK>() (BLOCK = blockDim.x, a multiple of TPR), so every
+//              thread of the group must call it.
 //              GUARD: a first barrier waits until no thread still reads `red` from an earlier
 //              call. A caller whose consecutive calls alternate between two buffers passes
 //              false: one barrier per sum (a thread writes buffer A again only after passing
 //              the barrier of a B call, which every thread reaches after its last read of A).
-template <int TPR, bool GUARD = true, typename A>
+// A barrier of the TPR consecutive threads (whole warps) of a block of BLOCK: __syncthreads()
+// when they are the block, else the group's own named barrier (1 + group; at most 15 groups).
+template <int TPR, int BLOCK>
+__device__ __forceinline__ void group_barrier() {
+  static_assert(BLOCK % TPR == 0 && TPR % 32 == 0 && BLOCK / TPR <= 15, "groups of warps");
+  if constexpr (TPR == BLOCK) {
+    __syncthreads();
+  } else {
+    asm volatile("bar.sync %0, %1;" ::"r"(1 + threadIdx.x / TPR), "n"(TPR) : "memory");
+  }
+}
+
+template <int TPR, bool GUARD = true, int BLOCK = TPR, typename A>
 __device__ __forceinline__ A group_sum(A v, A* red) {
   if constexpr (TPR <= 32) {
     unsigned mask = 0xffffffffu;
@@ -274,9 +287,9 @@ __device__ __forceinline__ A group_sum(A v, A* red) {
   } else {
 #pragma unroll
     for (int o = 16; o > 0; o /= 2) v += shfl_xor(0xffffffffu, v, o);
-    if constexpr (GUARD) __syncthreads();  // the previous use of `red` is over in every thread
-    if ((threadIdx.x & 31u) == 0) red[threadIdx.x >> 5] = v;
-    __syncthreads();
+    if constexpr (GUARD) group_barrier<TPR, BLOCK>();  // no thread still reads `red`
+    if ((threadIdx.x & 31u) == 0) red[(TPR == BLOCK ? threadIdx.x : threadIdx.x % TPR) >> 5] = v;
+    group_barrier<TPR, BLOCK>();
     A t = red[0];
 #pragma unroll
     for (int i = 1; i < TPR / 32; ++i) t += red[i];
@@ -286,7 +299,7 @@ __device__ __forceinline__ A group_sum(A v, A* red) {
 
 // Two sums in one pass of synchronisation (the backward needs sum(xhat*wdy) and sum(wdy)); `red`
 // holds 2 * TPR/32 values, GUARD as for group_sum.
-template <int TPR, bool GUARD = true, typename A>
+template <int TPR, bool GUARD = true, int BLOCK = TPR, typename A>
 __device__ __forceinline__ void group_sum2(A& a, A& b, A* red) {
   if constexpr (TPR <= 32) {
     a = group_sum<TPR>(a, red);
@@ -297,12 +310,13 @@ __device__ __forceinline__ void group_sum2(A& a, A& b, A* red) {
       a += shfl_xor(0xffffffffu, a, o);
       b += shfl_xor(0xffffffffu, b, o);
     }
-    if constexpr (GUARD) __syncthreads();
+    if constexpr (GUARD) group_barrier<TPR, BLOCK>();
     if ((threadIdx.x & 31u) == 0) {
-      red[threadIdx.x >> 5] = a;
-      red[TPR / 32 + (threadIdx.x >> 5)] = b;
+      const unsigned wi = (TPR == BLOCK ? threadIdx.x : threadIdx.x % TPR) >> 5;
+      red[wi] = a;
+      red[TPR / 32 + wi] = b;
     }
-    __syncthreads();
+    group_barrier<TPR, BLOCK>();
     A ta = red[0], tb = red[TPR / 32];
 #pragma unroll
     for (int i = 1; i < TPR / 32; ++i) {

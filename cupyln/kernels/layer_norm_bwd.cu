@@ -27,9 +27,14 @@ namespace cupyln {
 // Those blocks also need their shared memory (the next row's packs and the sums, 16-byte packs
 // of T): no more of them than sm_90's 227 KB hold, so a lone block of 512 threads with 4 slots
 // gets the registers it needs (110) instead of spilling at 64.
-template <typename T, int ITEMS, int BLOCK, bool SHARED_SUMS>
+// Blocks of several row groups of more than a warp (_launch.BWD_GROUP_BLOCK) whose threads
+// hold at most 12 elements of x also get 1024 threads (64 registers, as the lone 64-thread
+// blocks of those rows reach unasked): bf16 N=768 3613 GB/s against 3325 at 768 threads.
+template <typename T, int ITEMS, int VEC, int TPR, int BLOCK, bool SHARED_SUMS>
 struct BwdRegBlocks {
-  static constexpr int threads = SHARED_SUMS ? 1024 : sizeof(T) == 2 ? 768 : ITEMS <= 4 ? 640 : 0;
+  static constexpr bool lean = TPR > 32 && TPR < BLOCK && ITEMS * VEC <= 12;
+  static constexpr int threads = SHARED_SUMS || lean ? 1024
+                                 : sizeof(T) == 2 ? 768 : ITEMS <= 4 ? 640 : 0;
   static constexpr int by_threads = threads / BLOCK > 0 ? threads / BLOCK : 1;
   static constexpr long values = static_cast<long>(BLOCK) * ITEMS * (16 / sizeof(T));
   static constexpr long smem = 2 * values * (sizeof(T) + sizeof(typename AccOf<T>::type));
@@ -54,7 +59,8 @@ __device__ __forceinline__ void row_packs(const T* __restrict__ xr, const T* __r
 //   persistent (G = gridDim.x blocks walk the rows) and each thread keeps dw/db accumulators
 //   for its own columns in registers across all rows it visits. At the end the BLOCK / TPR
 //   row groups of a block are combined through shared memory in group order and the block
-//   writes row blockIdx.x of dw_part / db_part.
+//   writes row blockIdx.x of dw_part / db_part. Row groups of more than a warp in a block of
+//   several (TPR = 64 or 128) sum their rows under their own named barrier (group_barrier).
 //   x and dy stay in registers as loaded and are widened in each pass (BwdRegBlocks, KEEP_G).
 //   With AHEAD, the next row's x and dy come through shared memory: each thread copies its
 //   own packs of them with cp.async once its part of the current row's sums is formed (every
@@ -86,14 +92,16 @@ __device__ __forceinline__ void bwd_reg_rows(
     const i64 M, const int N, typename AccOf<T>::type* xch) {
   typedef typename AccOf<T>::type A;
   typedef Pack<T, VEC> P;
-  static_assert(TPR <= 32 ? (32 % TPR == 0 && BLOCK % 32 == 0) : TPR == BLOCK, "bad tiling");
+  static_assert(TPR <= 32 ? 32 % TPR == 0 : TPR % 32 == 0, "bad tiling");
+  static_assert(BLOCK % 32 == 0 && BLOCK % TPR == 0, "bad block");
   static_assert(BLOCK % 32 == 0 && BLOCK <= 1024, "bad block");
   constexpr int ROWS = BLOCK / TPR;
   constexpr int SLOTS = TPR * ITEMS * VEC;  // padded row length owned by one row group
   static_assert(C == 1 || (AHEAD && ROWS == 1 && C <= 32), "a cluster: a block per row, AHEAD");
-  __shared__ A red[TPR > 32 ? 2 * (TPR / 32) : 1];
+  __shared__ A reds[TPR > 32 ? 2 * BLOCK / 32 : 1];  // group_sum2's, a part per row group
+  A* const red = reds + (TPR > 32 && ROWS > 1 ? threadIdx.x / TPR * 2 * (TPR / 32) : 0);
   // (the 64-register variants keep the cluster barrier: cluster.cuh Sync)
-  constexpr bool capped = BwdRegBlocks<T, ITEMS, BLOCK, SHARED_SUMS>::value * BLOCK >= 1024;
+  constexpr bool capped = BwdRegBlocks<T, ITEMS, VEC, TPR, BLOCK, SHARED_SUMS>::value * BLOCK >= 1024;
   ClusterExchange<C, A, 2, capped ? Sync::kBarrier : Sync::kAsync> exchange{xch};  // __shared__
 
   const int lane = threadIdx.x % TPR;
@@ -203,7 +211,7 @@ __device__ __forceinline__ void bwd_reg_rows(
         g[k] = w != nullptr ? d[k] * g[k] : d[k];
       }
     };
-    constexpr bool KEEP_G = BwdRegBlocks<T, ITEMS, BLOCK, SHARED_SUMS>::value == 1 && !SHARED_SUMS;
+    constexpr bool KEEP_G = BwdRegBlocks<T, ITEMS, VEC, TPR, BLOCK, SHARED_SUMS>::value == 1 && !SHARED_SUMS;
     A kept[KEEP_G ? ITEMS : 1][VEC];
 
     A s1 = 0, s2 = 0;  // sum(xhat * g), sum(g)
@@ -230,7 +238,7 @@ __device__ __forceinline__ void bwd_reg_rows(
     // after the barrier, 16384 3194 / 3047, 8192 3563 / 3502), and after the send in a cluster
     // (before the barrier there: N=32768 2537 against 2551, 65536 2486 / 2682)
     if constexpr (AHEAD && C == 1) prefetch(row + step);
-    group_sum2<TPR>(s1, s2, red);
+    group_sum2<TPR, true, BLOCK>(s1, s2, red);
     if constexpr (C > 1) exchange.send({s1, s2});
     if constexpr (AHEAD && C > 1) prefetch(row + step);
     if constexpr (C > 1) {  // the cluster's row sums
@@ -333,7 +341,7 @@ __device__ __forceinline__ void bwd_reg_rows(
 
 template <typename T, typename TW, int VEC, int ITEMS, int TPR, int BLOCK, bool AHEAD,
           bool SHARED_SUMS>
-__global__ void __launch_bounds__(BLOCK, BwdRegBlocks<T, ITEMS, BLOCK, SHARED_SUMS>::value)
+__global__ void __launch_bounds__(BLOCK, BwdRegBlocks<T, ITEMS, VEC, TPR, BLOCK, SHARED_SUMS>::value)
     ln_bwd_reg(const T* __restrict__ dy, const i64 dy_stride, const T* __restrict__ x,
                const i64 x_stride, const TW* __restrict__ w,
                const typename AccOf<T>::type* __restrict__ mean,
@@ -347,7 +355,7 @@ __global__ void __launch_bounds__(BLOCK, BwdRegBlocks<T, ITEMS, BLOCK, SHARED_SU
 
 template <typename T, typename TW, int VEC, int ITEMS, int BLOCK, bool SHARED_SUMS, int C>
 __global__ void CUPYLN_CLUSTER(C)
-    __launch_bounds__(BLOCK, BwdRegBlocks<T, ITEMS, BLOCK, SHARED_SUMS>::value)
+    __launch_bounds__(BLOCK, BwdRegBlocks<T, ITEMS, VEC, BLOCK, BLOCK, SHARED_SUMS>::value)
         ln_bwd_reg_cluster(const T* __restrict__ dy, const i64 dy_stride,
                            const T* __restrict__ x, const i64 x_stride, const TW* __restrict__ w,
                            const typename AccOf<T>::type* __restrict__ mean,
