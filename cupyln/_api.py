@@ -216,41 +216,50 @@ def _driver_version() -> int:
     return _cupy().cuda.runtime.driverGetVersion()
 
 
-def partial_reduce(device_id, n, x_dtype, w_dtype, db_dtype):
-    """(launcher, grid) of ln_partial_reduce, the fixed-order sum of dw/db partial rows of N
-    columns, on this device."""
+@lru_cache(maxsize=1024)
+def partial_reduce(device_id, n, x_dtype, w_dtype, db_dtype, slices):
+    """(launcher, grid, block) of ln_partial_reduce, the fixed-order sum of ``slices`` dw/db
+    partial rows of N columns, on this device: at most the blocks the device holds at once,
+    each walking column chunks."""
     dev = _device(device_id)
-    cols = _launch.partial_reduce_cols(n, dev.sm_count)
-    expr = _launch.reduce_expr(x_dtype, w_dtype, db_dtype, cols)
+    cols, y = _launch.partial_reduce_shape(n, slices, dev.sm_count)
+    expr = _launch.reduce_expr(x_dtype, w_dtype, db_dtype, cols, y)
     # sm_90, and a driver that also captures such launches into CUDA graphs (12.3)
     after_prior = _launch.REDUCE_AFTER_PRIOR and dev.max_cluster > 1 and _driver_version() >= 12030
     k = _get(_compile.BWD_SOURCE, expr, device_id, 0)
-    return Launcher(k, _REDUCE_ARGS, after_prior), -(-n // cols)
+    grid = min(-(-n // cols), _capacity(k, 32 * y, 0, device_id))
+    return Launcher(k, _REDUCE_ARGS, after_prior), grid, (32, y)
 
 
 @lru_cache(maxsize=4096)
 def _backward_launch(device_id, n, x_dtype, w_dtype, db_dtype, vec):
-    """(launcher, plan, resident blocks, (partial-reduce launcher, its grid), dw/db column
-    launcher or None) of the backward for this problem on this device."""
+    """(launcher, plan, resident blocks, dw/db column launcher or None) of the backward for
+    this problem on this device."""
     dev = _device(device_id)
     plan = _launch.backward_plan(n, x_dtype, w_dtype, vec, dev.smem_optin, dev.max_cluster)
     k = _get(plan.source, plan.expr, device_id, plan.smem)
-    red = partial_reduce(device_id, n, x_dtype, w_dtype, db_dtype)
     cols = None
     if plan.tier == "row":
         cols = _get(_compile.BWD_SOURCE, _launch.dwdb_cols_expr(x_dtype), device_id, 0)
         cols = Launcher(cols, _COLS_ARGS)
     fmt = _BWD_ROW_ARGS if plan.tier == "row" else _BWD_REG_ARGS  # with partials
     cap = _capacity(k, plan.block, plan.smem, device_id, plan.cluster)
-    return Launcher(k, fmt), plan, cap, red, cols
+    return Launcher(k, fmt), plan, cap, cols
 
 
 @lru_cache(maxsize=4096)
 def _backward_grid(device_id, m, n, x_dtype, w_dtype, db_dtype, vec):
-    """_launch.backward_grid of the register, ring and cluster tiers' launch for M rows (one
-    cache lookup per call for a shape seen before)."""
-    _, plan, cap, _, _ = _backward_launch(device_id, n, x_dtype, w_dtype, db_dtype, vec)
-    return _launch.backward_grid(m, plan, cap, _device(device_id).sm_count)
+    """(G, rows per slice, partial_reduce) of the backward's launch for M rows: G dw/db partial
+    rows, one per block (cluster) of the register, ring and cluster tiers (_launch.backward_grid)
+    or per slice of the row tier's column kernel (_launch.dwdb_slices, its rows per slice).
+    One cache lookup per call for a shape seen before."""
+    _, plan, cap, _ = _backward_launch(device_id, n, x_dtype, w_dtype, db_dtype, vec)
+    sms = _device(device_id).sm_count
+    if plan.tier == "row":
+        g, per = _launch.dwdb_slices(m, n, sms)
+    else:
+        g, per = _launch.backward_grid(m, plan, cap, sms), 0
+    return g, per, partial_reduce(device_id, n, x_dtype, w_dtype, db_dtype, g)
 
 
 @lru_cache(maxsize=4096)
@@ -367,16 +376,13 @@ def launch_backward(dev, m, n, dy_ptr, dy_stride, x_ptr, x_stride, x_dtype, w_pt
     (memory allocated on that stream); the owner is dropped once they are enqueued."""
     esz = acc_dtype(x_dtype).itemsize
     vec = _vector_width(x_dtype.itemsize, n, (x_stride, dy_stride), (x_ptr | dy_ptr | dx_ptr) & 15)
-    k, plan, cap, (red, red_grid), cols = _backward_launch(dev, n, x_dtype, w_dtype, db_dtype, vec)
+    k, plan, cap, cols = _backward_launch(dev, n, x_dtype, w_dtype, db_dtype, vec)
+    g, per, (red, red_grid, red_block) = _backward_grid(dev, m, n, x_dtype, w_dtype, db_dtype, vec)
     stream = _current_stream() if stream is None else stream
-    if plan.tier == "row":
-        g, per = _launch.dwdb_slices(m, n, _device(dev).sm_count)
-    else:  # one partial row per block (per cluster of blocks)
-        g = _backward_grid(dev, m, n, x_dtype, w_dtype, db_dtype, vec)
     part, owner = workspace(2 * g * n * esz)
     dw_part = part if w_ptr else 0
     db_part = part + g * n * esz
-    if plan.tier != "row":
+    if plan.tier != "row":  # one partial row per block (per cluster of blocks)
         k(g * plan.cluster, plan.block, plan.smem, stream, dy_ptr, dy_stride, x_ptr, x_stride,
           w_ptr, mean_ptr, rstd_ptr, dx_ptr, dw_part, db_part, m, n)  # fmt: skip
     else:
@@ -384,7 +390,7 @@ def launch_backward(dev, m, n, dy_ptr, dy_stride, x_ptr, x_stride, x_dtype, w_pt
           x_stride, w_ptr, mean_ptr, rstd_ptr, dx_ptr, m, n)  # fmt: skip
         cols((-(-n // 32), g), _launch.REDUCE_BLOCK, 0, stream, dy_ptr, dy_stride, x_ptr,
              x_stride, mean_ptr, rstd_ptr, dw_part, db_part, m, n, per)  # fmt: skip
-    red(red_grid, _launch.PARTIAL_REDUCE_BLOCK, 0, stream, dw_part, db_part, g, n, dw_ptr, db_ptr)
+    red(red_grid, red_block, 0, stream, dw_part, db_part, g, n, dw_ptr, db_ptr)
     del owner  # back to its allocator, reusable by later work on this stream only
 
 

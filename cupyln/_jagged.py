@@ -73,7 +73,7 @@ class _Kernels:
         # dw/db: layer_norm_bwd.cu's column kernel and fixed-order reduce (b_dtype: db's dtype)
         cols = _api._get(_compile.BWD_SOURCE, _launch.dwdb_cols_expr(x_dtype), dev, 0)
         self.cols = Launcher(cols, _api._COLS_ARGS)
-        self.reduce, self.reduce_grid = _api.partial_reduce(dev, d, x_dtype, w_dtype, b_dtype)
+        self.dtypes = x_dtype, w_dtype, b_dtype
 
     def __call__(self, role, work, stream, *args):
         cap, block, smem = self.capacity[role]
@@ -326,6 +326,6 @@ def jagged_backward(dy, values, offsets, w, mean, rstd, *, bias_dtype=None, max_
         db_part = part.data.ptr + g * d * acc.itemsize
         k.cols((-(-d // 32), g), _launch.REDUCE_BLOCK, 0, stream, g_ptr, d, x_ptr, d, rm, rr,
                dw_part, db_part, total, d, per)  # fmt: skip
-        k.reduce(k.reduce_grid, _launch.PARTIAL_REDUCE_BLOCK, 0, stream, dw_part, db_part, g, d,
-                 _ptr(dw), db.data.ptr)  # fmt: skip
+        red, red_grid, red_block = _api.partial_reduce(dev, d, *k.dtypes, g)
+        red(red_grid, red_block, 0, stream, dw_part, db_part, g, d, _ptr(dw), db.data.ptr)
     return dx, dw, db

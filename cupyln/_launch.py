@@ -224,7 +224,12 @@ BWD_RING_BLOCK = 512
 MAX_CLUSTER = 8  # the portable cluster size limit
 MAX_GRID = 2**31 - 1  # blocks in a grid's x dimension; the kernels' row loops take the rest
 REDUCE_BLOCK = (32, 8)  # ln_bwd_dwdb_cols
-PARTIAL_REDUCE_BLOCK = (32, 32)  # ln_partial_reduce
+# ln_partial_reduce: blocks of (32, Y) threads, Y = 32, or PARTIAL_REDUCE_FEW_Y where fewer
+# than PARTIAL_REDUCE_FEW partial rows leave each of 32 row phases little to add
+# (partial_reduce_shape)
+PARTIAL_REDUCE_Y = 32
+PARTIAL_REDUCE_FEW = 256
+PARTIAL_REDUCE_FEW_Y = 8
 # ln_partial_reduce launches on sm_90 with programmatic stream serialization (_driver.py): its
 # blocks start as the partials' kernel's blocks leave and wait for that grid's writes (H200, one
 # process, two runs, GB/s against a plain launch: fp16 M=4096 N=1024 1181 -> 1224 and 1170 ->
@@ -698,20 +703,31 @@ def dwdb_cols_expr(x_dtype) -> str:
     return _compile.template("ln_bwd_dwdb_cols", ctype(x_dtype))
 
 
-def partial_reduce_cols(n: int, sm_count: int) -> int:
-    """Columns per ln_partial_reduce block: 32 (a warp reads 128 bytes of one partial row), or 8
-    (a warp reads 32 bytes of each of 4 rows) where even 4 times the blocks of 32 columns leave
-    SMs idle. H200, bf16 M*N = 2**27, the backward with the reduce at (32, 8) threads, then
-    (32, 32) at 32 columns, then at 8: N=512 3682 / 3750 / 3776 GB/s, 768 3056 / 3225 / 3262,
-    1024 3518 / 3711 / 3738, 2048 3577 / 3674 / 3666, 4096 3596 / 3635 / 3596."""
-    return 32 if 4 * _cdiv(n, 32) > sm_count else 8
+def partial_reduce_shape(n: int, slices: int, sm_count: int) -> tuple[int, int]:
+    """(C, Y) of ln_partial_reduce summing ``slices`` partial rows of N columns: blocks of (32, Y)
+    threads over C columns each.
+    C = 32 (a warp reads 128 bytes of one partial row), or 8 (a warp reads 32 bytes of each of
+    4 rows) where even 4 times the blocks of 32 columns leave SMs idle. H200, bf16 M*N = 2**27,
+    the backward with the reduce at (32, 8) threads, then (32, 32) at 32 columns, then at 8:
+    N=512 3682 / 3750 / 3776 GB/s, 768 3056 / 3225 / 3262, 1024 3518 / 3711 / 3738, 2048 3577 /
+    3674 / 3666, 4096 3596 / 3635 / 3596.
+    Y = PARTIAL_REDUCE_Y, or PARTIAL_REDUCE_FEW_Y under PARTIAL_REDUCE_FEW partial rows: smaller
+    blocks, more of them resident, each thread adding more rows. H200, M*N = 2**27, one process,
+    best of 3, the backward's GB/s with Y = 8 there against 32 everywhere: bf16 N=12288 (132
+    partial rows) 3390 -> 3442, 16384 (132) 3437 -> 3472, 32768 (62 clusters) 2737 -> 2796,
+    65536 2704 -> 2802; fp16 12288 3402 -> 3449, 16384 3404 -> 3457, 32768 2714 -> 2773; fp16
+    M=4096 N=15872 3068 -> 3149, M=8192 N=5120 3037 -> 3089; float32 M=4096 N=32768 2823 ->
+    2866; bf16 M=2048 N=4096 1833 -> 1811. The launches that kept Y = 32 read -0.3% .. +1.0%
+    (bf16 N=5120, 264 partial rows: +1.0%, the run's noise). Y = 8 at every launch lost 1.2%
+    at N=2048 and 4096 (792 and 396 partial rows)."""
+    cols = 32 if 4 * _cdiv(n, 32) > sm_count else 8
+    return cols, PARTIAL_REDUCE_FEW_Y if slices < PARTIAL_REDUCE_FEW else PARTIAL_REDUCE_Y
 
 
-def reduce_expr(x_dtype, dw_dtype, db_dtype, cols: int) -> str:
-    """ln_partial_reduce of ``cols`` columns a block (partial_reduce_cols); its grid is
-    ceil(N / cols) blocks of PARTIAL_REDUCE_BLOCK threads."""
+def reduce_expr(x_dtype, dw_dtype, db_dtype, cols: int, y: int) -> str:
+    """ln_partial_reduce of ``cols`` columns and (32, ``y``) threads a block
+    (partial_reduce_shape)."""
     acc = ctype(acc_dtype(x_dtype))
-    y = PARTIAL_REDUCE_BLOCK[1]
     return _compile.template("ln_partial_reduce", acc, ctype(dw_dtype), ctype(db_dtype), y, cols)
 
 

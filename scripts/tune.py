@@ -147,7 +147,6 @@ def main():
             if built is None:
                 continue
             k, cap = built
-            red, red_grid = _api.partial_reduce(dev, n, dt, dt, dt)
             cols = _api._get(_compile.BWD_SOURCE, _launch.dwdb_cols_expr(dt), dev, 0)
             for mult in (0.5, 1, 2) if tier == "reg" else (1,):
                 rows = block // tpr
@@ -157,8 +156,11 @@ def main():
                 dw = cupy.empty(n, dt)
                 db = cupy.empty(n, dt)
 
+                red, red_grid, red_block = _api.partial_reduce(dev, n, dt, dt, dt, gs)
+
                 def launch(k=k, g=g, block=block, smem=smem, part=part, gs=gs, per=per,
-                           tier=tier, red=red, cols=cols, dw=dw, db=db):  # fmt: skip
+                           tier=tier, red=red, red_grid=red_grid, red_block=red_block, cols=cols,
+                           dw=dw, db=db):  # fmt: skip
                     if tier == "reg":
                         k((g,), (block,), (dy, numpy.int64(n), x, numpy.int64(n), w, mean0,
                           rstd0, dx, part[0], part[1], numpy.int64(m), numpy.int32(n)))  # fmt: skip
@@ -168,7 +170,7 @@ def main():
                         cols((-(-n // 32), gs), (32, 8), (dy, numpy.int64(n), x, numpy.int64(n),
                              mean0, rstd0, part[0], part[1], numpy.int64(m), numpy.int32(n),
                              numpy.int64(per)))  # fmt: skip
-                    red(red_grid, _launch.PARTIAL_REDUCE_BLOCK, 0, 0, part[0].data.ptr,
+                    red(red_grid, red_block, 0, 0, part[0].data.ptr,
                         part[1].data.ptr, gs, n, dw.data.ptr, db.data.ptr)  # fmt: skip
 
                 dx.view(cupy.uint8).fill(0xFF)

@@ -55,8 +55,10 @@ def variants(x_dtype):
                 out[p.source].add(p.expr)
                 p = _launch.forward_plan(n, x_dtype, tw, tb, vec, SMEM_H100, 8)  # and cluster
                 out[p.source].add(p.expr)
-            for cols in (8, 32):  # partial_reduce_cols
-                out[_compile.BWD_SOURCE].add(_launch.reduce_expr(x_dtype, tw, tb, cols))
+            for slices in (1, _launch.PARTIAL_REDUCE_FEW):  # partial_reduce_shape
+                for cols in (8, 32):
+                    y = _launch.partial_reduce_shape(4096, slices, 132)[1]
+                    out[_compile.BWD_SOURCE].add(_launch.reduce_expr(x_dtype, tw, tb, cols, y))
         for n, vec in ((4096, 1), (32768, 16 // x_dtype.itemsize)):  # reg, cluster
             p = _launch.backward_plan(n, x_dtype, tw, vec, SMEM_H100, _launch.MAX_CLUSTER)
             out[_compile.BWD_SOURCE].add(p.expr)

@@ -537,15 +537,18 @@ def test_dwdb_slices_cover_rows_within_grid_limits(m, n):
 
 @pytest.mark.parametrize("n", [1, 33, 512, 1024, 4095, 4096, 4224, 65537])
 @pytest.mark.parametrize("sms", [16, 132])
-def test_partial_reduce_covers_the_columns(n, sms):
+@pytest.mark.parametrize("slices", [1, 132, 255, 256, 2112])
+def test_partial_reduce_covers_the_columns(n, sms, slices):
     """ln_partial_reduce: 8 columns a block (4 rows a warp load) where even 4 times the blocks
-    of 32 columns leave SMs idle, else 32; named in its template."""
-    cols = _launch.partial_reduce_cols(n, sms)
+    of 32 columns leave SMs idle, else 32; blocks of (32, 8) threads under 256 partial rows,
+    else (32, 32); both named in its template."""
+    cols, y = _launch.partial_reduce_shape(n, slices, sms)
     assert cols == (32 if 4 * -(-n // 32) > sms else 8)
-    expr = _launch.reduce_expr(np.dtype("float16"), np.dtype("float32"), np.dtype("float16"), cols)
-    y = _launch.PARTIAL_REDUCE_BLOCK[1]
+    assert y == (8 if slices < 256 else 32)
+    expr = _launch.reduce_expr(
+        np.dtype("float16"), np.dtype("float32"), np.dtype("float16"), cols, y
+    )
     assert expr == f"cupyln::ln_partial_reduce<float, float, cupyln::half_t, {y}, {cols}>"
-    assert _launch.PARTIAL_REDUCE_BLOCK[0] == 32 and 32 * y <= 1024
 
 
 @pytest.mark.parametrize("d", [1, 3, 32, 256, 769, 4096, 65536, 10**6])

@@ -167,12 +167,17 @@ def test_short_backward_grids_and_dependent_reduce(monkeypatch, m, n):
 
     def grads(after_prior):
         monkeypatch.setattr(_launch, "REDUCE_AFTER_PRIOR", after_prior)
-        _api._backward_launch.cache_clear()
-        _api._backward_calls.clear()
+        clear()
         got = [cupyln.backward(dy, x, w, mean, rstd) for _ in range(3)]
         vec = _api._vector_width(2, n, (n,), x.data.ptr & 15)
-        red = _api._backward_launch(x.data.device_id, n, x.dtype, w.dtype, w.dtype, vec)[3][0]
+        red = _api._backward_grid(x.data.device_id, m, n, x.dtype, w.dtype, w.dtype, vec)[2][0]
         return got, red
+
+    def clear():
+        _api._backward_launch.cache_clear()
+        _api._backward_grid.cache_clear()
+        _api.partial_reduce.cache_clear()
+        _api._backward_calls.clear()
 
     (dependent, red), (plain, red_plain) = grads(True), grads(False)
     sm90 = int(x.device.compute_capability) >= 90 and _api._driver_version() >= 12030
@@ -180,8 +185,7 @@ def test_short_backward_grids_and_dependent_reduce(monkeypatch, m, n):
     for got in dependent + plain:
         for a, want in zip(got, plain[0]):
             assert bool((a == want).all())
-    _api._backward_launch.cache_clear()
-    _api._backward_calls.clear()
+    clear()
 
 
 @pytest.mark.parametrize("n,tpr", [(520, 64), (768, 64), (1000, 64), (1544, 128), (2048, 128)])

@@ -698,6 +698,8 @@ __global__ void __launch_bounds__(256, 1)
 //   by N / C blocks, so each thread keeps 2 * U loads in flight). Then the Y sums of each lane
 //   are added in y order, and the 32 / C lanes of a column in lane order. With C = 8 a warp's
 //   load reads 32 bytes of each of 4 partial rows, 4 times the blocks of C = 32 for narrow N.
+//   The grid is at most what the device holds at once; block b sums the column chunks b,
+//   b + gridDim.x, ... (partial_reduce_shape picks Y and C).
 template <typename A, typename TW, typename TB, int Y, int C>
 __global__ void __launch_bounds__(32 * Y, 1)
     ln_partial_reduce(const A* __restrict__ dw_part, const A* __restrict__ db_part, const int G,
@@ -706,41 +708,44 @@ __global__ void __launch_bounds__(32 * Y, 1)
   wait_prior_grid();  // the partials' kernel may still run (programmatic launch, sm_90)
   constexpr int U = 4;
   constexpr int P = Y * (32 / C);  // row phases
-  const int col = blockIdx.x * C + threadIdx.x % C;
-  A dwa = 0, dba = 0;
-  if (col < N) {
-    int g = threadIdx.y * (32 / C) + threadIdx.x / C;
-    for (; g + (U - 1) * P < G; g += U * P) {
-      A pw[U], pb[U];
+  for (int cb = blockIdx.x; cb * C < N; cb += gridDim.x) {
+    if (cb != blockIdx.x) __syncthreads();  // the last chunk's shared sums are read
+    const int col = cb * C + threadIdx.x % C;
+    A dwa = 0, dba = 0;
+    if (col < N) {
+      int g = threadIdx.y * (32 / C) + threadIdx.x / C;
+      for (; g + (U - 1) * P < G; g += U * P) {
+        A pw[U], pb[U];
 #pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const i64 o = static_cast<i64>(g + u * P) * N + col;
-        pw[u] = dw_part != nullptr ? dw_part[o] : A(0);
-        pb[u] = db_part[o];
+        for (int u = 0; u < U; ++u) {
+          const i64 o = static_cast<i64>(g + u * P) * N + col;
+          pw[u] = dw_part != nullptr ? dw_part[o] : A(0);
+          pb[u] = db_part[o];
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          dwa += pw[u];
+          dba += pb[u];
+        }
       }
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        dwa += pw[u];
-        dba += pb[u];
+      for (; g < G; g += P) {
+        const i64 o = static_cast<i64>(g) * N + col;
+        if (dw_part != nullptr) dwa += dw_part[o];
+        dba += db_part[o];
       }
     }
-    for (; g < G; g += P) {
-      const i64 o = static_cast<i64>(g) * N + col;
-      if (dw_part != nullptr) dwa += dw_part[o];
-      dba += db_part[o];
-    }
-  }
-  sum_over_y<Y>(dwa, dba);
-  if (threadIdx.y == 0) {  // warp 0, every lane: lanes x, x + C, ... hold column x's sums
-    A tw = dwa, tb = dba;
+    sum_over_y<Y>(dwa, dba);
+    if (threadIdx.y == 0) {  // warp 0, every lane: lanes x, x + C, ... hold column x's sums
+      A tw = dwa, tb = dba;
 #pragma unroll
-    for (int j = 1; j < 32 / C; ++j) {
-      tw += __shfl_down_sync(0xffffffffu, dwa, j * C);
-      tb += __shfl_down_sync(0xffffffffu, dba, j * C);
-    }
-    if (threadIdx.x < C && col < N) {
-      if (dw != nullptr) dw[col] = narrow<TW>(tw);
-      db[col] = narrow<TB>(tb);
+      for (int j = 1; j < 32 / C; ++j) {
+        tw += __shfl_down_sync(0xffffffffu, dwa, j * C);
+        tb += __shfl_down_sync(0xffffffffu, dba, j * C);
+      }
+      if (threadIdx.x < C && col < N) {
+        if (dw != nullptr) dw[col] = narrow<TW>(tw);
+        db[col] = narrow<TB>(tb);
+      }
     }
   }
 }
