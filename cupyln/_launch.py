@@ -37,7 +37,7 @@ Thresholds and why (H200, bf16, M*N = 2**27; scripts/tune.py, data in docs/):
 * 128 threads per block for the sub-warp tier (1.5% behind 256 at N=512/1024, within noise);
   wider rows get a block sized to the row in steps of 64 threads (the backward's 16-bit rows
   of one block under BWD_REG_AHEAD_BLOCK threads in steps of a warp: _bwd_small_block, and
-  rows of 64 or 128 threads several a block: _bwd_group_block), up to
+  rows of 64 threads of 3 packs of 4 four a block: _bwd_group_block), up to
   512 for the backward and double rows (1024-thread blocks cap a thread at 64 registers and
   ptxas spills them) and
   up to 1024 for the forward of 16- and 32-bit rows, which the rows kept as loaded fit. On
@@ -129,13 +129,14 @@ BWD_REG_AHEAD_BLOCK = 256  # 16-bit backward blocks this large copy the next row
 # Threads per SM the backward register tier's launch bounds ask for 16-bit rows, with the dw/db
 # sums in registers and in shared memory (kernels/layer_norm_bwd.cu, BwdRegBlocks)
 BWD_REG_THREADS = 768
-# 16-bit backward rows of 64 or 128 threads (N = 520-1024, 1544-2048 in 16-byte packs) share
-# blocks of BWD_GROUP_BLOCK threads, a row group each with its own named barrier: a block writes
-# one dw/db partial row for all its row groups, so the partial reduce reads 4 or 2 times fewer
-# bytes (_bwd_group_block has the measurements). Such blocks whose threads hold at most 12
-# elements of x (N = 520-768: 3 packs of 4) ask for 1024 threads an SM (64 registers, which
-# the lone 64-thread blocks reached anyway), the others for BWD_REG_THREADS (BwdRegBlocks).
+# 16-bit backward rows of a few threads' worth (at most BWD_GROUP_VALUES elements of x a thread,
+# a number of threads that divides BWD_GROUP_BLOCK: N = 520-768, 64 threads of 3 packs of 4)
+# share blocks of BWD_GROUP_BLOCK threads, a row group each with its own named barrier, at 1024
+# threads an SM (BwdRegBlocks: 64 registers, which their lone blocks reached anyway): a block
+# writes one dw/db partial row for all its row groups, so the partial reduce reads 4 times fewer
+# bytes (_bwd_group_block has the measurements)
 BWD_GROUP_BLOCK = 256
+BWD_GROUP_VALUES = 12
 BWD_SHARED_SUMS_THREADS = 1024
 BWD_REG_VALUES = 16
 BWD_SHARED_SUMS_BLOCK = 448  # 16-bit backward blocks this large keep dw/db in shared memory
@@ -589,20 +590,23 @@ def _bwd_small_block(n: int, vec: int, values: int):
     return best[1:]
 
 
-def _bwd_group_block(tpr: int) -> int:
+def _bwd_group_block(tpr: int, values: int) -> int:
     """The block of the backward's 16-bit register rows of ``tpr`` threads (more than a warp,
-    under BWD_REG_AHEAD_BLOCK): BWD_GROUP_BLOCK threads where ``tpr`` divides it, each row group
-    synchronised by its own named barrier, so that one block writes one dw/db partial row for
-    several rows (N=768: 528 partial rows instead of 2112); other rows keep a block each. H200,
-    M*N = 2**27, one process, best of 3, bf16 / fp16 GB/s against a block a row: N=520 2881 /
-    2677 (bf16), 576 3114 / 2922, 640 3408 / 3233 (fp16 3544 / 3357), 704 3382 / 3373, 768
-    3622 / 3566 (fp16 3742 / 3666; a second run 3613 / 3571, 3741 / 3657); 832-1024 and
-    1544-2048 within -1% .. +0.8% (1024 3789 / 3780, fp16 3806 / 3844; 2048 3727 / 3699, fp16
-    3754 / 3780). Short batches: bf16 M=1024 N=1024 596 / 520, fp16 M=4096 N=1024 1439 / 1241,
-    bf16 M=2048 N=2048 1363 / 1220, M=3000 N=768 990 / 905, fp16 M=16384 N=768 2360 / 2202.
-    Rows of 96 threads lost in blocks of 192 (N=1040 2527 / 3108, 1152 2789 / 3346 in 3 packs
-    of 4 at 768 threads an SM; 1536 within 1%)."""
-    return BWD_GROUP_BLOCK if BWD_GROUP_BLOCK % tpr == 0 else tpr
+    under BWD_REG_AHEAD_BLOCK) of ``values`` elements of x a thread: BWD_GROUP_BLOCK threads
+    where ``tpr`` divides it and ``values`` <= BWD_GROUP_VALUES, each row group synchronised by
+    its own named barrier, so that one block writes one dw/db partial row for several rows
+    (N=768: 528 partial rows instead of 2112); other rows keep a block each. H200, M*N = 2**27,
+    one process, best of 3, GB/s against a block a row: bf16 N=520 2881 / 2677, 576 3114 /
+    2922, 640 3408 / 3233, 704 3382 / 3373, 768 3622 / 3566 (a second run 3613 / 3571); fp16
+    640 3544 / 3357, 768 3742 / 3666 (3741 / 3657); bf16 M=3000 N=768 990 / 905, fp16 M=16384
+    N=768 2360 / 2202. At 768 threads an SM (70 registers) N=768 lost instead (3325 / 3576).
+    Not grouped: rows of 2 packs of 8 (N=776-1024 in 64 threads, 1544-2048 in 128) at 768
+    threads an SM, where fp16 lost 1.2-3.1% (best of 5: N=832 3393 / 3501, 1000 3684 / 3774,
+    1024 3804 / 3855, 2048 3749 / 3796) and bf16 moved -0.3% .. +0.4%, though short batches
+    gained (fp16 M=4096 N=1024 1439 / 1241, bf16 M=1024 N=1024 596 / 520); rows of 96 threads
+    in blocks of 192 (N=1040 2527 / 3108, 1152 2789 / 3346)."""
+    fits = BWD_GROUP_BLOCK % tpr == 0 and values <= BWD_GROUP_VALUES
+    return BWD_GROUP_BLOCK if fits else tpr
 
 
 def _bwd_fill_sm(block: int, items: int, shared: bool, smem, smem_limit: int) -> int:
@@ -678,7 +682,7 @@ def backward_plan(n: int, x_dtype, w_dtype, vec: int, smem_limit: int,
         ahead = packs16 and block >= BWD_REG_AHEAD_BLOCK
         smem = reg_smem(block, items, shared) if packs16 else 0
         if packs16 and not ahead and tpr > 32:
-            block = _bwd_group_block(tpr)
+            block = _bwd_group_block(tpr, items * vec)
         expr = _compile.template("ln_bwd_reg", tx, tw, vec, items, tpr, block, ahead, shared)
         return Plan(_compile.BWD_SOURCE, expr, "reg", vec, items, tpr, block, block // tpr, smem)
     ring = _bwd_ring_shape(n, vec, x_dtype.itemsize, values, _share(smem_limit), max_cluster)

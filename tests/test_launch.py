@@ -101,9 +101,9 @@ def test_every_width_gets_a_valid_plan(dtype, smem):
                     else:
                         assert plan.items * plan.vec * acc_words <= budget, plan  # registers
                     assert plan.items <= _launch.MAX_ITEMS
-                    # rows of 64 or 128 threads share blocks in the backward's 16-bit rows
-                    grouped = not fwd and plan.tpr in (64, 128) and dtype.itemsize == 2
-                    grouped = grouped and vec == 8
+                    # the backward's 16-bit rows of 64 threads of 3 packs of 4 share blocks
+                    grouped = not fwd and plan.tpr == 64 and dtype.itemsize == 2 and vec == 8
+                    grouped = grouped and plan.items * plan.vec <= _launch.BWD_GROUP_VALUES
                     if grouped:
                         assert plan.block == _launch.BWD_GROUP_BLOCK, plan
                     else:
@@ -191,8 +191,8 @@ def _check_bwd_reg_cluster(plan, n, dtype, smem):
 
 def test_small_backward_blocks_fill_their_slots():
     """16-bit backward rows whose register block has under 256 threads: rows of up to a warp in
-    a power of two of threads (several rows a block of 128), wider ones in steps of a warp (64
-    threads four rows a block, other widths a block of their own); no thread slot empty in
+    a power of two of threads (several rows a block of 128), wider ones in steps of a warp
+    (N = 520-768, 64 threads, four rows a block, others a block each); no thread slot empty in
     every row group, and packs of 8 bytes where they leave fewer element slots empty than
     16-byte packs."""
     cdiv = _launch._cdiv
@@ -209,9 +209,11 @@ def test_small_backward_blocks_fill_their_slots():
             if n <= 512:
                 assert plan.block == 128 and plan.tpr <= 32 and 32 % plan.tpr == 0, (n, plan)
                 tpr16 = min(32, max(4, 1 << (cdiv(n // 8, 2) - 1).bit_length()))
-            else:  # rows of 64 threads in blocks of 4, others a block each
+            else:  # rows of 64 threads of 3 packs of 4 in blocks of 4, others a block each
                 assert plan.tpr % 32 == 0, (n, plan)
-                assert plan.block == (256 if plan.tpr == 64 else plan.tpr), (n, plan)
+                grouped = plan.tpr == 64 and plan.items * plan.vec <= 12
+                assert plan.block == (256 if grouped else plan.tpr), (n, plan)
+                assert grouped == (520 <= n <= 768), (n, plan)
                 tpr16 = cdiv(cdiv(n // 8, 2), 32) * 32
             empty16 = tpr16 * cdiv(n // 8, tpr16) * 8 - n
             assert empty <= empty16 and (plan.vec == 8) == (empty == empty16), (n, plan)
