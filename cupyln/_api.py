@@ -232,11 +232,11 @@ def partial_reduce(device_id, n, x_dtype, w_dtype, db_dtype, slices):
 
 
 @lru_cache(maxsize=4096)
-def _backward_launch(device_id, n, x_dtype, w_dtype, db_dtype, vec):
+def _backward_launch(device_id, n, x_dtype, w_dtype, db_dtype, vec, short=False):
     """(launcher, plan, resident blocks, dw/db column launcher or None) of the backward for
-    this problem on this device."""
+    this problem on this device (``short``: _launch.backward_short)."""
     dev = _device(device_id)
-    plan = _launch.backward_plan(n, x_dtype, w_dtype, vec, dev.smem_optin, dev.max_cluster)
+    plan = _launch.backward_plan(n, x_dtype, w_dtype, vec, dev.smem_optin, dev.max_cluster, short)
     k = _get(plan.source, plan.expr, device_id, plan.smem)
     cols = None
     if plan.tier == "row":
@@ -249,17 +249,24 @@ def _backward_launch(device_id, n, x_dtype, w_dtype, db_dtype, vec):
 
 @lru_cache(maxsize=4096)
 def _backward_grid(device_id, m, n, x_dtype, w_dtype, db_dtype, vec):
-    """(G, rows per slice, partial_reduce) of the backward's launch for M rows: G dw/db partial
-    rows, one per block (cluster) of the register, ring and cluster tiers (_launch.backward_grid)
-    or per slice of the row tier's column kernel (_launch.dwdb_slices, its rows per slice).
-    One cache lookup per call for a shape seen before."""
-    _, plan, cap, _ = _backward_launch(device_id, n, x_dtype, w_dtype, db_dtype, vec)
+    """The backward's launch for M rows: _backward_launch's (launcher, plan, resident blocks,
+    column launcher), with the short launch's plan where M makes one (_launch.backward_short),
+    then G, rows per slice and partial_reduce: G dw/db partial rows, one per block (cluster) of
+    the register, ring and cluster tiers (_launch.backward_grid) or per slice of the row tier's
+    column kernel (_launch.dwdb_slices, its rows per slice). One cache lookup per call for a
+    shape seen before."""
+    key = device_id, n, x_dtype, w_dtype, db_dtype, vec
+    launch = _backward_launch(*key)
+    _, plan, cap, _ = launch
+    if plan.tier == "reg" and _launch.backward_short(m, plan, cap):
+        launch = _backward_launch(*key, True)
+        _, plan, cap, _ = launch
     sms = _device(device_id).sm_count
     if plan.tier == "row":
         g, per = _launch.dwdb_slices(m, n, sms)
     else:
         g, per = _launch.backward_grid(m, plan, cap, sms), 0
-    return g, per, partial_reduce(device_id, n, x_dtype, w_dtype, db_dtype, g)
+    return (*launch, g, per, partial_reduce(device_id, n, x_dtype, w_dtype, db_dtype, g))
 
 
 @lru_cache(maxsize=4096)
@@ -332,12 +339,12 @@ def describe(x, w=None, b=None) -> dict:
     vec = _launch.vector_width(x.itemsize, n, (stride,), (x2.data.ptr,))
     wdt = x.dtype if w is None else w.dtype
     bdt = x.dtype if b is None else b.dtype
-    m = math.prod(x.shape[:-1])
+    m = max(1, math.prod(x.shape[:-1]))  # (an empty x launches nothing; the plans of one row)
     out = {}
     with _OnDevice(dev):
         for name, (k, plan, cap) in (
             ("forward", _forward_launch(dev, m, n, x.dtype, wdt, bdt, vec)),
-            ("backward", _backward_launch(dev, n, x.dtype, wdt, wdt, vec)[:3]),
+            ("backward", _backward_grid(dev, m, n, x.dtype, wdt, wdt, vec)[:3]),
         ):
             out[name] = (
                 f"{plan.tier} vec={plan.vec} items={plan.items} tpr={plan.tpr} "
@@ -376,8 +383,8 @@ def launch_backward(dev, m, n, dy_ptr, dy_stride, x_ptr, x_stride, x_dtype, w_pt
     (memory allocated on that stream); the owner is dropped once they are enqueued."""
     esz = acc_dtype(x_dtype).itemsize
     vec = _vector_width(x_dtype.itemsize, n, (x_stride, dy_stride), (x_ptr | dy_ptr | dx_ptr) & 15)
-    k, plan, cap, cols = _backward_launch(dev, n, x_dtype, w_dtype, db_dtype, vec)
-    g, per, (red, red_grid, red_block) = _backward_grid(dev, m, n, x_dtype, w_dtype, db_dtype, vec)
+    launch = _backward_grid(dev, m, n, x_dtype, w_dtype, db_dtype, vec)
+    k, plan, cap, cols, g, per, (red, red_grid, red_block) = launch
     stream = _current_stream() if stream is None else stream
     part, owner = workspace(2 * g * n * esz)
     dw_part = part if w_ptr else 0

@@ -134,9 +134,12 @@ BWD_REG_THREADS = 768
 # share blocks of BWD_GROUP_BLOCK threads, a row group each with its own named barrier, at 1024
 # threads an SM (BwdRegBlocks: 64 registers, which their lone blocks reached anyway): a block
 # writes one dw/db partial row for all its row groups, so the partial reduce reads 4 times fewer
-# bytes (_bwd_group_block has the measurements)
+# bytes (_bwd_group_block has the measurements). In short launches (backward_short) rows of
+# up to BWD_GROUP_SHORT_VALUES (2 packs of 8: N = 776-1024 in 64 threads, 1544-2048 in 128)
+# share blocks too, at the 768 threads an SM of their lone blocks.
 BWD_GROUP_BLOCK = 256
 BWD_GROUP_VALUES = 12
+BWD_GROUP_SHORT_VALUES = 16
 BWD_SHARED_SUMS_THREADS = 1024
 BWD_REG_VALUES = 16
 BWD_SHARED_SUMS_BLOCK = 448  # 16-bit backward blocks this large keep dw/db in shared memory
@@ -590,23 +593,27 @@ def _bwd_small_block(n: int, vec: int, values: int):
     return best[1:]
 
 
-def _bwd_group_block(tpr: int, values: int) -> int:
+def _bwd_group_block(tpr: int, values: int, short: bool = False) -> int:
     """The block of the backward's 16-bit register rows of ``tpr`` threads (more than a warp,
     under BWD_REG_AHEAD_BLOCK) of ``values`` elements of x a thread: BWD_GROUP_BLOCK threads
-    where ``tpr`` divides it and ``values`` <= BWD_GROUP_VALUES, each row group synchronised by
-    its own named barrier, so that one block writes one dw/db partial row for several rows
-    (N=768: 528 partial rows instead of 2112); other rows keep a block each. H200, M*N = 2**27,
+    where ``tpr`` divides it and ``values`` <= BWD_GROUP_VALUES (BWD_GROUP_SHORT_VALUES in a
+    ``short`` launch), each row group synchronised by its own named barrier, so that one block
+    writes one dw/db partial row for several rows (N=768: 528 partial rows instead of 2112);
+    other rows keep a block each. H200, M*N = 2**27,
     one process, best of 3, GB/s against a block a row: bf16 N=520 2881 / 2677, 576 3114 /
     2922, 640 3408 / 3233, 704 3382 / 3373, 768 3622 / 3566 (a second run 3613 / 3571); fp16
     640 3544 / 3357, 768 3742 / 3666 (3741 / 3657); bf16 M=3000 N=768 990 / 905, fp16 M=16384
     N=768 2360 / 2202. At 768 threads an SM (70 registers) N=768 lost instead (3325 / 3576).
-    Not grouped: rows of 2 packs of 8 (N=776-1024 in 64 threads, 1544-2048 in 128) at 768
-    threads an SM, where fp16 lost 1.2-3.1% (best of 5: N=832 3393 / 3501, 1000 3684 / 3774,
-    1024 3804 / 3855, 2048 3749 / 3796) and bf16 moved -0.3% .. +0.4%, though short batches
-    gained (fp16 M=4096 N=1024 1439 / 1241, bf16 M=1024 N=1024 596 / 520); rows of 96 threads
-    in blocks of 192 (N=1040 2527 / 3108, 1152 2789 / 3346)."""
-    fits = BWD_GROUP_BLOCK % tpr == 0 and values <= BWD_GROUP_VALUES
-    return BWD_GROUP_BLOCK if fits else tpr
+    Rows of 2 packs of 8 (N=776-1024 in 64 threads, 1544-2048 in 128; 768 threads an SM) are
+    grouped in short launches only: at M*N = 2**27 fp16 lost 1.2-3.1% (best of 5: N=832 3393 /
+    3501, 1000 3684 / 3774, 1024 3804 / 3855, 2048 3749 / 3796; bf16 -0.3% .. +0.4%), where
+    short launches gained, best of 5: fp16 M=1024 N=1024 585 / 517, M=4096 1480 / 1300, 8192
+    1926 / 1841, 12288 2447 / 2254; bf16 M=4096 N=832 1250 / 1133, 12288 2126 / 1980; fp16
+    M=4096 N=2048 1858 / 1768, bf16 M=1024 N=2048 859 / 792 (+3.5% to +15.9% at N=832-1024,
+    M=1024-12288; +4.1% to +8.5% at N=2048, M=1024-4096). Rows of 96 threads lost in blocks of
+    192 (N=1040 2527 / 3108, 1152 2789 / 3346)."""
+    most = BWD_GROUP_SHORT_VALUES if short else BWD_GROUP_VALUES
+    return BWD_GROUP_BLOCK if BWD_GROUP_BLOCK % tpr == 0 and values <= most else tpr
 
 
 def _bwd_fill_sm(block: int, items: int, shared: bool, smem, smem_limit: int) -> int:
@@ -631,9 +638,10 @@ def _bwd_fill_sm(block: int, items: int, shared: bool, smem, smem_limit: int) ->
 
 
 def backward_plan(n: int, x_dtype, w_dtype, vec: int, smem_limit: int,
-                  max_cluster: int = 1) -> Plan:  # fmt: skip
+                  max_cluster: int = 1, short: bool = False) -> Plan:  # fmt: skip
     """Kernel variant computing dx (and, in the register, ring and cluster tiers, the dw/db
-    partials); ``max_cluster``: the largest thread-block cluster the device runs (1: none)."""
+    partials); ``max_cluster``: the largest thread-block cluster the device runs (1: none);
+    ``short``: for a launch whose grid stays short of the resident blocks (backward_short)."""
     tx, tw = ctype(x_dtype), ctype(w_dtype)
     values = BWD_REG_VALUES * 4 // acc_dtype(x_dtype).itemsize
     shape = _reg_shape(n, vec, values, REG_BLOCK_MAX)
@@ -682,7 +690,7 @@ def backward_plan(n: int, x_dtype, w_dtype, vec: int, smem_limit: int,
         ahead = packs16 and block >= BWD_REG_AHEAD_BLOCK
         smem = reg_smem(block, items, shared) if packs16 else 0
         if packs16 and not ahead and tpr > 32:
-            block = _bwd_group_block(tpr, items * vec)
+            block = _bwd_group_block(tpr, items * vec, short)
         expr = _compile.template("ln_bwd_reg", tx, tw, vec, items, tpr, block, ahead, shared)
         return Plan(_compile.BWD_SOURCE, expr, "reg", vec, items, tpr, block, block // tpr, smem)
     ring = _bwd_ring_shape(n, vec, x_dtype.itemsize, values, _share(smem_limit), max_cluster)
@@ -742,6 +750,13 @@ def dwdb_slices(m: int, n: int, sm_count: int) -> tuple[int, int]:
     slices = max(1, min(_cdiv(m, 64), _cdiv(8 * sm_count, col_blocks)))
     per = _cdiv(m, slices)
     return _cdiv(m, per), per
+
+
+def backward_short(m: int, plan: Plan, capacity: int) -> bool:
+    """Whether a backward of M rows in ``plan`` (``capacity`` resident blocks) is a short launch:
+    its blocks of BWD_MIN_STEPS groups of rows would not fill the resident blocks
+    (backward_grid), so the partial rows and their reduce weigh more."""
+    return m < plan.rows * BWD_MIN_STEPS * capacity
 
 
 def backward_grid(m: int, plan: Plan, capacity: int, sm_count: int) -> int:

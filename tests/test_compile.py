@@ -26,7 +26,8 @@ _REPORT = re.compile(
 
 def variants(x_dtype):
     """{source: sorted expressions} over every width, vector width and shared-memory limit
-    (the forward's at both vector counts a thread keeps, the short one in a launch of one wave),
+    (the forward's at both vector counts a thread keeps, the short one in a launch of one wave;
+    the backward's for long and short launches),
     plus every w/b dtype pairing for two register-tier, one row-tier and one ring-tier shapes
     (the ring tier's kernel is in the jagged source) with and without clusters, and a backward
     register and cluster tier.
@@ -45,6 +46,9 @@ def variants(x_dtype):
                             _launch.FWD_REG_ITEMS_SHORT, True,
                         ),
                         _launch.backward_plan(n, x_dtype, x_dtype, vec, smem, CLUSTERS[smem]),
+                        _launch.backward_plan(  # short launches (more rows share blocks)
+                            n, x_dtype, x_dtype, vec, smem, CLUSTERS[smem], True
+                        ),
                     ):  # fmt: skip
                         out[p.source].add(p.expr)
     for tw in DTYPES:

@@ -224,6 +224,21 @@ def test_small_backward_blocks_fill_their_slots():
         assert shapes[1280] == shapes[1536] == (8, 2, 96)
 
 
+def test_short_backward_launches_group_more_rows():
+    """Rows of 2 packs of 8 in 64 or 128 threads share blocks of BWD_GROUP_BLOCK only where the
+    launch is short (its blocks of BWD_MIN_STEPS groups of rows would not fill the resident
+    blocks); rows of 3 packs of 4 always, wider and narrower rows never."""
+    bf16 = [d for d in DTYPES if d.name == "bfloat16"][0]
+    cases = ((768, 256, 256), (1024, 64, 256), (2048, 128, 256), (1152, 96, 96), (4096, 256, 256))
+    for n, long_block, short_block in cases + ((512, 128, 128),):
+        plans = [_launch.backward_plan(n, bf16, bf16, 8, SMEM_H100, 8, s) for s in (False, True)]
+        assert [p.block for p in plans] == [long_block, short_block], (n, plans)
+        assert all(p.rows == p.block // p.tpr for p in plans)
+    plan = _launch.backward_plan(1024, bf16, bf16, 8, SMEM_H100, 8)
+    assert _launch.backward_short(8 * 1584 - 1, plan, 1584)
+    assert not _launch.backward_short(8 * 1584, plan, 1584)
+
+
 def test_tiers_by_width():
     bf16 = [d for d in DTYPES if d.name == "bfloat16"][0]
     f32 = np.dtype(np.float32)

@@ -170,7 +170,7 @@ def test_short_backward_grids_and_dependent_reduce(monkeypatch, m, n):
         clear()
         got = [cupyln.backward(dy, x, w, mean, rstd) for _ in range(3)]
         vec = _api._vector_width(2, n, (n,), x.data.ptr & 15)
-        red = _api._backward_grid(x.data.device_id, m, n, x.dtype, w.dtype, w.dtype, vec)[2][0]
+        red = _api._backward_grid(x.data.device_id, m, n, x.dtype, w.dtype, w.dtype, vec)[6][0]
         return got, red
 
     def clear():
@@ -188,17 +188,19 @@ def test_short_backward_grids_and_dependent_reduce(monkeypatch, m, n):
     clear()
 
 
-@pytest.mark.parametrize("n", [520, 640, 768])
+@pytest.mark.parametrize("n,tpr,always", [(520, 64, True), (768, 64, True), (1024, 64, False),
+                                           (2048, 128, False)])  # fmt: skip
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-def test_backward_row_groups_share_a_block(dtype, n):
-    """16-bit backward rows of 64 threads, four a block (_launch.BWD_GROUP_BLOCK), each row group
-    under its own barrier: row counts that leave a block's last groups without a row, with and
-    without w, against the float64 reference with NaN-poisoned outputs; the same dx, dw and db
-    bit for bit on every call."""
+def test_backward_row_groups_share_a_block(dtype, n, tpr, always):
+    """16-bit backward rows of 64 or 128 threads, several a block (_launch.BWD_GROUP_BLOCK; rows
+    of 2 packs of 8 only in short launches), each row group under its own barrier: row counts
+    that leave a block's last groups without a row, with and without w, against the float64
+    reference with NaN-poisoned outputs; the same dx, dw and db bit for bit on every call."""
     for m, wdt in ((1, dtype), (3, None), (6, "float32"), (1029, dtype), (20000, dtype)):
         x, w, b, dy = inputs((m, n), dtype, wdt, dtype)
         got = cupyln.describe(x, w, b)["backward"]
-        assert "tpr=64 block=256 " in got, got
+        grouped = always or m <= 1029  # (20000 rows of 1024 or 2048: not a short launch)
+        assert f"tpr={tpr} block={256 if grouped else tpr} " in got, got
         first = run_and_check(x, w, b, dy)
         _, mean, rstd = cupyln.forward(x, w, b)
         for _ in range(2):

@@ -27,13 +27,13 @@ namespace cupyln {
 // Those blocks also need their shared memory (the next row's packs and the sums, 16-byte packs
 // of T): no more of them than sm_90's 227 KB hold, so a lone block of 512 threads with 4 slots
 // gets the registers it needs (110) instead of spilling at 64.
-// Blocks of several row groups of more than a warp (_launch.BWD_GROUP_BLOCK: rows of at most
-// 12 elements a thread) also get 1024 threads (64 registers, as the lone 64-thread blocks of
-// those rows reach unasked): bf16 N=768 3613 GB/s against 3325 at 768 threads.
-template <typename T, int ITEMS, int TPR, int BLOCK, bool SHARED_SUMS>
+// Blocks of several row groups of more than a warp (_launch.BWD_GROUP_BLOCK) whose threads hold
+// at most 12 elements of x also get 1024 threads (64 registers, as the lone 64-thread blocks
+// of those rows reach unasked): bf16 N=768 3613 GB/s against 3325 at 768 threads.
+template <typename T, int ITEMS, int VEC, int TPR, int BLOCK, bool SHARED_SUMS>
 struct BwdRegBlocks {
-  static constexpr bool grouped = TPR > 32 && TPR < BLOCK;
-  static constexpr int threads = SHARED_SUMS || grouped ? 1024
+  static constexpr bool lean = TPR > 32 && TPR < BLOCK && ITEMS * VEC <= 12;
+  static constexpr int threads = SHARED_SUMS || lean ? 1024
                                  : sizeof(T) == 2 ? 768 : ITEMS <= 4 ? 640 : 0;
   static constexpr int by_threads = threads / BLOCK > 0 ? threads / BLOCK : 1;
   static constexpr long values = static_cast<long>(BLOCK) * ITEMS * (16 / sizeof(T));
@@ -60,8 +60,8 @@ __device__ __forceinline__ void row_packs(const T* __restrict__ xr, const T* __r
 //   for its own columns in registers across all rows it visits. At the end the BLOCK / TPR
 //   row groups of a block are combined through shared memory in group order and the block
 //   writes row blockIdx.x of dw_part / db_part. Row groups of more than a warp in a block of
-//   several (TPR = 64, _launch.BWD_GROUP_BLOCK) sum their rows under their own named barrier
-//   (group_barrier).
+//   several (TPR = 64 or 128, _launch.BWD_GROUP_BLOCK) sum their rows under their own named
+//   barrier (group_barrier).
 //   x and dy stay in registers as loaded and are widened in each pass (BwdRegBlocks, KEEP_G).
 //   With AHEAD, the next row's x and dy come through shared memory: each thread copies its
 //   own packs of them with cp.async once its part of the current row's sums is formed (every
@@ -102,7 +102,7 @@ __device__ __forceinline__ void bwd_reg_rows(
   __shared__ A reds[TPR > 32 ? 2 * BLOCK / 32 : 1];  // group_sum2's, a part per row group
   A* const red = reds + (TPR > 32 && ROWS > 1 ? threadIdx.x / TPR * 2 * (TPR / 32) : 0);
   // (the 64-register variants keep the cluster barrier: cluster.cuh Sync)
-  typedef BwdRegBlocks<T, ITEMS, TPR, BLOCK, SHARED_SUMS> Blocks;
+  typedef BwdRegBlocks<T, ITEMS, VEC, TPR, BLOCK, SHARED_SUMS> Blocks;
   constexpr bool capped = Blocks::value * BLOCK >= 1024;
   ClusterExchange<C, A, 2, capped ? Sync::kBarrier : Sync::kAsync> exchange{xch};  // __shared__
 
@@ -343,7 +343,8 @@ __device__ __forceinline__ void bwd_reg_rows(
 
 template <typename T, typename TW, int VEC, int ITEMS, int TPR, int BLOCK, bool AHEAD,
           bool SHARED_SUMS>
-__global__ void __launch_bounds__(BLOCK, BwdRegBlocks<T, ITEMS, TPR, BLOCK, SHARED_SUMS>::value)
+__global__ void __launch_bounds__(BLOCK,
+                                  BwdRegBlocks<T, ITEMS, VEC, TPR, BLOCK, SHARED_SUMS>::value)
     ln_bwd_reg(const T* __restrict__ dy, const i64 dy_stride, const T* __restrict__ x,
                const i64 x_stride, const TW* __restrict__ w,
                const typename AccOf<T>::type* __restrict__ mean,
@@ -357,7 +358,7 @@ __global__ void __launch_bounds__(BLOCK, BwdRegBlocks<T, ITEMS, TPR, BLOCK, SHAR
 
 template <typename T, typename TW, int VEC, int ITEMS, int BLOCK, bool SHARED_SUMS, int C>
 __global__ void CUPYLN_CLUSTER(C)
-    __launch_bounds__(BLOCK, BwdRegBlocks<T, ITEMS, BLOCK, BLOCK, SHARED_SUMS>::value)
+    __launch_bounds__(BLOCK, BwdRegBlocks<T, ITEMS, VEC, BLOCK, BLOCK, SHARED_SUMS>::value)
         ln_bwd_reg_cluster(const T* __restrict__ dy, const i64 dy_stride,
                            const T* __restrict__ x, const i64 x_stride, const TW* __restrict__ w,
                            const typename AccOf<T>::type* __restrict__ mean,
