@@ -37,7 +37,8 @@ Thresholds and why (H200, bf16, M*N = 2**27; scripts/tune.py, data in docs/):
 * 128 threads per block for the sub-warp tier (1.5% behind 256 at N=512/1024, within noise);
   wider rows get a block sized to the row in steps of 64 threads (the backward's 16-bit rows
   of one block under BWD_REG_AHEAD_BLOCK threads in steps of a warp: _bwd_small_block, and
-  rows of 64 threads of 3 packs of 4 four a block: _bwd_group_block), up to
+  rows of 64 threads of 3 packs of 4, in short launches also rows of 64 or 128 threads of 2
+  packs of 8, several a block: _bwd_group_block), up to
   512 for the backward and double rows (1024-thread blocks cap a thread at 64 registers and
   ptxas spills them) and
   up to 1024 for the forward of 16- and 32-bit rows, which the rows kept as loaded fit. On
@@ -599,11 +600,11 @@ def _bwd_group_block(tpr: int, values: int, short: bool = False) -> int:
     where ``tpr`` divides it and ``values`` <= BWD_GROUP_VALUES (BWD_GROUP_SHORT_VALUES in a
     ``short`` launch), each row group synchronised by its own named barrier, so that one block
     writes one dw/db partial row for several rows (N=768: 528 partial rows instead of 2112);
-    other rows keep a block each. H200, M*N = 2**27,
-    one process, best of 3, GB/s against a block a row: bf16 N=520 2881 / 2677, 576 3114 /
-    2922, 640 3408 / 3233, 704 3382 / 3373, 768 3622 / 3566 (a second run 3613 / 3571); fp16
-    640 3544 / 3357, 768 3742 / 3666 (3741 / 3657); bf16 M=3000 N=768 990 / 905, fp16 M=16384
-    N=768 2360 / 2202. At 768 threads an SM (70 registers) N=768 lost instead (3325 / 3576).
+    other rows keep a block each. H200, M*N = 2**27, one process, best of 3, GB/s against a
+    block a row: bf16 N=520 2881 / 2677, 576 3114 / 2922, 640 3408 / 3233, 704 3382 / 3373,
+    768 3622 / 3566 (a second run 3613 / 3571); fp16 640 3544 / 3357, 768 3742 / 3666 (3741 /
+    3657); bf16 M=3000 N=768 990 / 905, fp16 M=16384 N=768 2360 / 2202. At 768 threads an SM
+    (70 registers) N=768 lost instead (3325 / 3576).
     Rows of 2 packs of 8 (N=776-1024 in 64 threads, 1544-2048 in 128; 768 threads an SM) are
     grouped in short launches only: at M*N = 2**27 fp16 lost 1.2-3.1% (best of 5: N=832 3393 /
     3501, 1000 3684 / 3774, 1024 3804 / 3855, 2048 3749 / 3796; bf16 -0.3% .. +0.4%), where

@@ -28,8 +28,9 @@ namespace cupyln {
 // of T): no more of them than sm_90's 227 KB hold, so a lone block of 512 threads with 4 slots
 // gets the registers it needs (110) instead of spilling at 64.
 // Blocks of several row groups of more than a warp (_launch.BWD_GROUP_BLOCK) whose threads hold
-// at most 12 elements of x also get 1024 threads (64 registers, as the lone 64-thread blocks
-// of those rows reach unasked): bf16 N=768 3613 GB/s against 3325 at 768 threads.
+// at most 12 elements of x (_launch.BWD_GROUP_VALUES) also get 1024 threads (64 registers, as
+// the lone 64-thread blocks of those rows reach unasked): bf16 N=768 3613 GB/s against 3325 at
+// 768 threads. Groups of wider rows (short launches) keep the 768 threads of their lone blocks.
 template <typename T, int ITEMS, int VEC, int TPR, int BLOCK, bool SHARED_SUMS>
 struct BwdRegBlocks {
   static constexpr bool lean = TPR > 32 && TPR < BLOCK && ITEMS * VEC <= 12;
@@ -82,7 +83,8 @@ __device__ __forceinline__ void row_packs(const T* __restrict__ xr, const T* __r
 // Limits: N <= C * TPR * ITEMS * VEC; 2 * ITEMS * VEC registers of A for the accumulators
 // (none with SHARED_SUMS) and up to as many for data (launcher: ITEMS * VEC <= 16, or 32 in a
 // lone block with SHARED_SUMS); AHEAD needs packs of 4, 8 or 16 bytes; C > 1 needs AHEAD, a
-// block per row and 16-byte packs.
+// block per row and 16-byte packs; row groups of more than a warp: at most 15 a block (named
+// barriers 1-15).
 template <typename T, typename TW, int VEC, int ITEMS, int TPR, int BLOCK, bool AHEAD,
           bool SHARED_SUMS, int C>
 __device__ __forceinline__ void bwd_reg_rows(
@@ -94,8 +96,7 @@ __device__ __forceinline__ void bwd_reg_rows(
   typedef typename AccOf<T>::type A;
   typedef Pack<T, VEC> P;
   static_assert(TPR <= 32 ? 32 % TPR == 0 : TPR % 32 == 0, "bad tiling");
-  static_assert(BLOCK % 32 == 0 && BLOCK % TPR == 0, "bad block");
-  static_assert(BLOCK % 32 == 0 && BLOCK <= 1024, "bad block");
+  static_assert(BLOCK % 32 == 0 && BLOCK % TPR == 0 && BLOCK <= 1024, "bad block");
   constexpr int ROWS = BLOCK / TPR;
   constexpr int SLOTS = TPR * ITEMS * VEC;  // padded row length owned by one row group
   static_assert(C == 1 || (AHEAD && ROWS == 1 && C <= 32), "a cluster: a block per row, AHEAD");
