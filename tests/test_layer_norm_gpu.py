@@ -165,6 +165,12 @@ def test_short_backward_grids_and_dependent_reduce(monkeypatch, m, n):
     run_and_check(x, w, b, dy)
     _, mean, rstd = cupyln.forward(x, w, b)
 
+    def clear():
+        _api._backward_launch.cache_clear()
+        _api._backward_grid.cache_clear()
+        _api.partial_reduce.cache_clear()
+        _api._backward_calls.clear()
+
     def grads(after_prior):
         monkeypatch.setattr(_launch, "REDUCE_AFTER_PRIOR", after_prior)
         clear()
@@ -172,12 +178,6 @@ def test_short_backward_grids_and_dependent_reduce(monkeypatch, m, n):
         vec = _api._vector_width(2, n, (n,), x.data.ptr & 15)
         red = _api._backward_grid(x.data.device_id, m, n, x.dtype, w.dtype, w.dtype, vec)[6][0]
         return got, red
-
-    def clear():
-        _api._backward_launch.cache_clear()
-        _api._backward_grid.cache_clear()
-        _api.partial_reduce.cache_clear()
-        _api._backward_calls.clear()
 
     (dependent, red), (plain, red_plain) = grads(True), grads(False)
     sm90 = int(x.device.compute_capability) >= 90 and _api._driver_version() >= 12030

@@ -276,6 +276,12 @@ __device__ __forceinline__ void group_barrier() {
   }
 }
 
+// The index of this thread's warp within its group of TPR threads (whole warps).
+template <int TPR, int BLOCK>
+__device__ __forceinline__ unsigned group_warp() {
+  return (TPR == BLOCK ? threadIdx.x : threadIdx.x % TPR) >> 5;
+}
+
 template <int TPR, bool GUARD = true, int BLOCK = TPR, typename A>
 __device__ __forceinline__ A group_sum(A v, A* red) {
   if constexpr (TPR <= 32) {
@@ -288,7 +294,7 @@ __device__ __forceinline__ A group_sum(A v, A* red) {
 #pragma unroll
     for (int o = 16; o > 0; o /= 2) v += shfl_xor(0xffffffffu, v, o);
     if constexpr (GUARD) group_barrier<TPR, BLOCK>();  // no thread still reads `red`
-    if ((threadIdx.x & 31u) == 0) red[(TPR == BLOCK ? threadIdx.x : threadIdx.x % TPR) >> 5] = v;
+    if ((threadIdx.x & 31u) == 0) red[group_warp<TPR, BLOCK>()] = v;
     group_barrier<TPR, BLOCK>();
     A t = red[0];
 #pragma unroll
@@ -312,9 +318,8 @@ __device__ __forceinline__ void group_sum2(A& a, A& b, A* red) {
     }
     if constexpr (GUARD) group_barrier<TPR, BLOCK>();
     if ((threadIdx.x & 31u) == 0) {
-      const unsigned wi = (TPR == BLOCK ? threadIdx.x : threadIdx.x % TPR) >> 5;
-      red[wi] = a;
-      red[TPR / 32 + wi] = b;
+      red[group_warp<TPR, BLOCK>()] = a;
+      red[TPR / 32 + group_warp<TPR, BLOCK>()] = b;
     }
     group_barrier<TPR, BLOCK>();
     A ta = red[0], tb = red[TPR / 32];
