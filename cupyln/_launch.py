@@ -78,6 +78,11 @@ Thresholds and why (H200, bf16, M*N = 2**27; scripts/tune.py, data in docs/):
   3209 with three blocks of 320 threads, 6144 3298 / 3467); rows that would need a block of
   more than BWD_LONE_FROM threads run 512 threads of 4 vectors (bf16 N=16384 3417 GB/s
   against 3173 in 1024 threads of 2);
+* those blocks (with AHEAD) also copy their columns of w into shared memory once and read it
+  there (layer_norm_bwd.cu, STAGE_W), where w has x's size and the SM still holds as many of
+  the blocks (not on sm_80 beside the sums of 768 threads); in a cluster only with the sums in
+  shared memory (fp16 blocks of 384 threads spilled 60 bytes, unmeasured). Read through L1, w
+  missed where the staged rows and sums leave L1 little room: bf16 N=4096-65536 +3.5% to +7.9%;
 * such rows in a block of their own that shares its SM take the block size that splits the
   launch bounds' threads per SM evenly (BWD_REG_THREADS, BWD_SHARED_SUMS_THREADS): 384
   threads where 320 would leave 128 of 768 unused, 512 for 448 (_bwd_fill_sm: bf16 N=5120
@@ -649,11 +654,29 @@ def backward_plan(n: int, x_dtype, w_dtype, vec: int, smem_limit: int,
     # 16-bit rows in 16-byte packs (narrower packs, more of them, spill under the bounds)
     packs16 = x_dtype.itemsize == 2 and vec == 8
 
-    def reg_smem(block, items, shared):
-        """Dynamic shared memory: x and dy of the next row (AHEAD), the dw/db sums (shared)."""
+    def reg_smem(block, items, shared, staged=False):
+        """Dynamic shared memory: x and dy of the next row (AHEAD), the dw/db sums (shared), w
+        (staged)."""
         values = block * items * vec
-        ahead = 2 * values * x_dtype.itemsize if block >= BWD_REG_AHEAD_BLOCK else 0
-        return ahead + (2 * values * acc_dtype(x_dtype).itemsize if shared else 0)
+        smem = 2 * values * acc_dtype(x_dtype).itemsize if shared else 0
+        if block >= BWD_REG_AHEAD_BLOCK:
+            smem += 2 * values * x_dtype.itemsize + (values * w_dtype.itemsize if staged else 0)
+        return smem
+
+    def stage_w(block, items, shared, cluster=1):
+        """Whether the block copies its columns of w into shared memory once (STAGE_W): blocks
+        that copy the next row ahead, w of x's size (in a cluster, with the sums shared), where
+        the SM still holds as many blocks as without it."""
+        same = w_dtype.itemsize == x_dtype.itemsize and (cluster == 1 or shared)
+        if not packs16 or block < BWD_REG_AHEAD_BLOCK or not same:
+            return False
+        held = lambda smem: smem_limit // (smem + STATIC_SMEM_MARGIN)  # noqa: E731
+        threads = BWD_SHARED_SUMS_THREADS if shared else BWD_REG_THREADS
+        without = min(held(reg_smem(block, items, shared)), max(1, threads // block))
+        return held(reg_smem(block, items, shared, True)) >= without
+
+    def block_smem(block, items, shared):
+        return reg_smem(block, items, shared, stage_w(block, items, shared))
 
     def shared_sums(shape):
         """The shape, and whether its sums go to shared memory (16-bit rows in 16-byte packs,
@@ -677,9 +700,10 @@ def backward_plan(n: int, x_dtype, w_dtype, vec: int, smem_limit: int,
             if split is not None:
                 cluster, slice_shape = split
                 (_, items, block), shared = shared_sums(slice_shape)
-                args = (tx, tw, vec, items, block, shared, cluster)
+                staged = stage_w(block, items, shared, cluster)
+                args = (tx, tw, vec, items, block, shared, cluster, staged)
                 expr = _compile.template("ln_bwd_reg_cluster", *args)
-                smem = reg_smem(block, items, shared)
+                smem = reg_smem(block, items, shared, staged)
                 source = _compile.BWD_SOURCE
                 return Plan(source, expr, "reg", vec, items, block, block, 1, smem, cluster)
     if shape is not None:
@@ -687,12 +711,14 @@ def backward_plan(n: int, x_dtype, w_dtype, vec: int, smem_limit: int,
         if packs16 and block < BWD_REG_AHEAD_BLOCK:
             vec, (tpr, items, block) = _bwd_small_block(n, vec, values)
         if packs16 and tpr == block:
-            tpr = block = _bwd_fill_sm(block, items, shared, reg_smem, smem_limit)
+            tpr = block = _bwd_fill_sm(block, items, shared, block_smem, smem_limit)
         ahead = packs16 and block >= BWD_REG_AHEAD_BLOCK
-        smem = reg_smem(block, items, shared) if packs16 else 0
+        staged = stage_w(block, items, shared)
+        smem = reg_smem(block, items, shared, staged) if packs16 else 0
         if packs16 and not ahead and tpr > 32:
             block = _bwd_group_block(tpr, items * vec, short)
-        expr = _compile.template("ln_bwd_reg", tx, tw, vec, items, tpr, block, ahead, shared)
+        args = (tx, tw, vec, items, tpr, block, ahead, shared, staged)
+        expr = _compile.template("ln_bwd_reg", *args)
         return Plan(_compile.BWD_SOURCE, expr, "reg", vec, items, tpr, block, block // tpr, smem)
     ring = _bwd_ring_shape(n, vec, x_dtype.itemsize, values, _share(smem_limit), max_cluster)
     if ring is not None:

@@ -138,7 +138,8 @@ def main():
         for tier, items, tpr, block in bwd_candidates(n, vec):
             if tier == "reg":
                 # rows loaded directly, dw/db sums in registers (the launcher picks the rest)
-                expr = _compile.template("ln_bwd_reg", tx, tx, vec, items, tpr, block, False, False)
+                args = (tx, tx, vec, items, tpr, block, False, False, False)
+                expr = _compile.template("ln_bwd_reg", *args)
                 smem = 0
             else:
                 smem = staged(2 * (-(-n * dt.itemsize // 16) * 16), info)

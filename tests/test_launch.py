@@ -96,7 +96,7 @@ def test_every_width_gets_a_valid_plan(dtype, smem):
                     assert plan.tpr * plan.items * plan.vec >= n, (plan, n)  # the row fits
                     lone = not fwd and plan.block == plan.tpr and plan.items * plan.vec > budget
                     if lone:  # backward rows past BWD_LONE_FROM threads (the sums in shared)
-                        assert (plan.block, plan.items) == (512, 4) and plan.smem == 196608, plan
+                        assert (plan.block, plan.items) == (512, 4) and plan.smem == 229376, plan
                         assert n > _launch.BWD_LONE_FROM * 16, plan
                     else:
                         assert plan.items * plan.vec * acc_words <= budget, plan  # registers
@@ -119,10 +119,16 @@ def test_every_width_gets_a_valid_plan(dtype, smem):
                         ahead = packs16 and plan.tpr >= 256
                         shared = packs16 and plan.block >= _launch.BWD_SHARED_SUMS_BLOCK
                         assert shared or plan.block <= 512, plan
-                        flags = f"{str(ahead).lower()}, {str(shared).lower()}"
+                        # w (of x's dtype here) is staged beside them: on sm_90 in every such
+                        # block; on sm_80 where it leaves the SM as many blocks
+                        staged = plan.expr.endswith(", true>")
+                        assert not staged or ahead, plan
+                        assert staged == ahead or smem == SMEM_A100, plan
+                        flags = ", ".join(str(f).lower() for f in (ahead, shared, staged))
                         assert plan.expr.endswith(f", {plan.block}, {flags}>"), plan
-                        pair = 2 * plan.block * plan.items * vec * dtype.itemsize
-                        sums = 2 * plan.block * plan.items * vec * 4 if shared else 0
+                        values = plan.block * plan.items * vec
+                        pair = (3 if staged else 2) * values * dtype.itemsize
+                        sums = 2 * values * 4 if shared else 0
                         assert plan.smem == (pair if ahead else 0) + sums, plan
                         assert plan.smem <= smem - _launch.STATIC_SMEM_MARGIN, plan
                         # a block a row that shares its SM splits the launch bounds' threads
@@ -183,9 +189,9 @@ def _check_bwd_reg_cluster(plan, n, dtype, smem):
     assert c == 2 or n > (c // 2) * small, plan  # the fewest blocks
     shared = block >= _launch.BWD_SHARED_SUMS_BLOCK
     t = "cupyln::" + ("bf16_t" if dtype.name == "bfloat16" else "half_t")
-    args = (t, t, vec, plan.items, block, shared, c)
+    args = (t, t, vec, plan.items, block, shared, c, shared)  # w staged with the sums
     assert plan.expr == _compile.template("ln_bwd_reg_cluster", *args), plan
-    sums = 2 * slots * 4 if shared else 0
+    sums = 2 * slots * 4 + slots * dtype.itemsize if shared else 0  # and w beside them
     assert plan.smem == 2 * slots * dtype.itemsize + sums, plan
 
 
@@ -320,7 +326,8 @@ def test_tiers_by_width():
         p = _launch.backward_plan(n, bf16, bf16, 8, smem, h100)
         assert (p.tier, p.block, p.items) == (tier, block, items), (n, smem, p)
         if tier == "reg":
-            assert p.expr.endswith(f", {items}, {block}, {block}, true, true>"), (n, p)
+            staged = str(smem == SMEM_H100).lower()  # sm_80: w does not fit beside them
+            assert p.expr.endswith(f", {items}, {block}, {block}, true, true, {staged}>"), (n, p)
     # 16-bit rows in 16-byte packs in blocks that share an SM take the size that splits its
     # threads evenly (768 with the sums in registers, 1024 in shared memory): 4160-5120 in
     # blocks of 384, not 320; 6145-7168 in 512, not 448 (where the SM holds two of them)
@@ -336,7 +343,8 @@ def test_tiers_by_width():
     ):
         p = _launch.backward_plan(n, bf16, bf16, 8, smem, h100)
         assert (p.tier, p.tpr, p.block, p.items) == ("reg", block, block, 2), (n, p)
-        assert p.expr.endswith(f", {block}, {block}, true, {str(shared).lower()}>"), (n, p)
+        flags = f"true, {str(shared).lower()}, true"  # (w staged)
+        assert p.expr.endswith(f", {block}, {block}, {flags}>"), (n, p)
     # on sm_90, such 16-bit rows past one block split over the fewest blocks of at most 512
     # threads (register clusters; the sums in registers below BWD_SHARED_SUMS_BLOCK threads);
     # rows one block holds stay in it
@@ -351,7 +359,8 @@ def test_tiers_by_width():
     ):
         p = _launch.backward_plan(n, bf16, bf16, 8, SMEM_H100, h100)
         assert (p.tier, p.cluster, p.block) == ("reg", cluster, block), (n, p)
-        assert p.expr.endswith(f", {block}, {str(shared).lower()}, {cluster}>"), (n, p)
+        flags = f"{str(shared).lower()}, {cluster}, {str(shared).lower()}"  # w staged: shared
+        assert p.expr.endswith(f", {block}, {flags}>"), (n, p)
     for n, dt, vec, cluster in (
         (98304, bf16, 8, 8),
         (32768, bf16, 4, 2),

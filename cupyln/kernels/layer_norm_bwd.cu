@@ -31,14 +31,15 @@ namespace cupyln {
 // at most 12 elements of x (_launch.BWD_GROUP_VALUES) also get 1024 threads (64 registers, as
 // the lone 64-thread blocks of those rows reach unasked): bf16 N=768 3613 GB/s against 3325 at
 // 768 threads. Groups of wider rows (short launches) keep the 768 threads of their lone blocks.
-template <typename T, int ITEMS, int VEC, int TPR, int BLOCK, bool SHARED_SUMS>
+template <typename T, int ITEMS, int VEC, int TPR, int BLOCK, bool SHARED_SUMS, bool STAGE_W>
 struct BwdRegBlocks {
   static constexpr bool lean = TPR > 32 && TPR < BLOCK && ITEMS * VEC <= 12;
   static constexpr int threads = SHARED_SUMS || lean ? 1024
                                  : sizeof(T) == 2 ? 768 : ITEMS <= 4 ? 640 : 0;
   static constexpr int by_threads = threads / BLOCK > 0 ? threads / BLOCK : 1;
   static constexpr long values = static_cast<long>(BLOCK) * ITEMS * (16 / sizeof(T));
-  static constexpr long smem = 2 * values * (sizeof(T) + sizeof(typename AccOf<T>::type));
+  static constexpr long smem = 2 * values * (sizeof(T) + sizeof(typename AccOf<T>::type)) +
+                               (STAGE_W ? values * sizeof(T) : 0);
   static constexpr int by_smem = SHARED_SUMS ? static_cast<int>(227L * 1024 / smem) : by_threads;
   static constexpr int value = by_smem < 1 ? 1 : by_smem < by_threads ? by_smem : by_threads;
 };
@@ -71,8 +72,20 @@ __device__ __forceinline__ void row_packs(const T* __restrict__ xr, const T* __r
 //   With SHARED_SUMS (a block per row, with AHEAD, 16-byte packs), the dw/db sums live in
 //   dynamic shared memory after those packs (2 * BLOCK * ITEMS * VEC values of A), each thread
 //   owning its columns' sums as it owned the registers, and are added to in pass 2 (after the
-//   row's reduction, off the path to its barrier): the registers left hold x and dy, and
-//   blocks of up to 1024 threads fit.
+//   row's reduction, off the path to its barrier, and before g is formed again, so that x, dy
+//   and g are not all live: ptxas spilled 4-12 bytes in the blocks of 512 threads, and with w
+//   staged the register clusters of bf16 N=32768 / 65536 measured 2893 / 2946 GB/s against
+//   3010 / 3076 with g formed after the sums, fp16 32768 2927 / 3074): the registers left hold
+//   x and dy, and blocks of up to 1024 threads fit.
+//   With STAGE_W (blocks with AHEAD, a block per row, 16-byte packs, w of T's size; the
+//   launcher takes it where the SM holds as many blocks with it), each thread copies its
+//   columns of w into shared memory once, after everything above (BLOCK * ITEMS packs of TW),
+//   and both passes read w from there. Read from global memory, w missed L1 where the staged
+//   rows and sums leave it little room: H200, M*N = 2**27, one process, best of 3, bf16 GB/s
+//   against w through L1: N=4096 3854 / 3705, 5120 3797 / 3613, 6144 3831 / 3648, 8192 3699 /
+//   3573, 10240 3540 / 3417, 12288 3668 / 3456, 16384 3785 / 3509, 32768 2915 / 2792, 65536
+//   2952 / 2811; fp16 4096 3854 / 3806, 5120 3632 / 3566, 8192 3689 / 3613, 16384 3715 / 3407,
+//   32768 2956 / 2780.
 //   ln_bwd_reg_cluster (sm_90+): rows split over a thread-block cluster of C such blocks, a
 //   row a cluster: block k holds the columns [k*S, (k+1)*S) of each row (S = BLOCK * ITEMS *
 //   VEC; the last block's slice may be shorter, or empty), the cluster walks rows q, q + Q, ...
@@ -86,7 +99,7 @@ __device__ __forceinline__ void row_packs(const T* __restrict__ xr, const T* __r
 // block per row and 16-byte packs; row groups of more than a warp: at most 15 a block (named
 // barriers 1-15).
 template <typename T, typename TW, int VEC, int ITEMS, int TPR, int BLOCK, bool AHEAD,
-          bool SHARED_SUMS, int C>
+          bool SHARED_SUMS, int C, bool STAGE_W>
 __device__ __forceinline__ void bwd_reg_rows(
     const T* __restrict__ dy, const i64 dy_stride, const T* __restrict__ x, const i64 x_stride,
     const TW* __restrict__ w, const typename AccOf<T>::type* __restrict__ mean,
@@ -103,7 +116,7 @@ __device__ __forceinline__ void bwd_reg_rows(
   __shared__ A reds[TPR > 32 ? 2 * BLOCK / 32 : 1];  // group_sum2's, a part per row group
   A* const red = reds + (TPR > 32 && ROWS > 1 ? threadIdx.x / TPR * 2 * (TPR / 32) : 0);
   // (the 64-register variants keep the cluster barrier: cluster.cuh Sync)
-  typedef BwdRegBlocks<T, ITEMS, VEC, TPR, BLOCK, SHARED_SUMS> Blocks;
+  typedef BwdRegBlocks<T, ITEMS, VEC, TPR, BLOCK, SHARED_SUMS, STAGE_W> Blocks;
   constexpr bool capped = Blocks::value * BLOCK >= 1024;
   ClusterExchange<C, A, 2, capped ? Sync::kBarrier : Sync::kAsync> exchange{xch};  // __shared__
 
@@ -154,15 +167,23 @@ __device__ __forceinline__ void bwd_reg_rows(
   auto db_sums = [&](const int i, const int c) -> Chunk& {
     return sums[((ITEMS + i) * CHUNKS + c) * TPR];
   };
-  if constexpr (SHARED_SUMS) {
+  // STAGE_W: the thread's packs of w, copied once, at ws[i * TPR] after the sums (or after the
+  // AHEAD packs)
+  static_assert(!STAGE_W || (AHEAD && ROWS == 1 && sizeof(P) == 16 && sizeof(TW) == sizeof(T)),
+                "STAGE_W: a block per row copying ahead, 16-byte packs, w of T's size");
+  typedef Pack<TW, VEC> WP;
+  WP* const ws = reinterpret_cast<WP*>(sums + (SHARED_SUMS ? 2 * ITEMS * CHUNKS * TPR : 0));
 #pragma unroll
-    for (int i = 0; i < ITEMS; ++i) {
+  for (int i = 0; i < ITEMS; ++i) {
+    if constexpr (SHARED_SUMS) {
 #pragma unroll
       for (int c = 0; c < CHUNKS; ++c) {
 #pragma unroll
         for (int k = 0; k < CHUNK; ++k) dw_sums(i, c).v[k] = db_sums(i, c).v[k] = 0;
       }
     }
+    const int col = (i * TPR + lane) * VEC;
+    if (STAGE_W && w != nullptr && col < n) ws[i * TPR] = *reinterpret_cast<const WP*>(w + lo + col);
   }
   A mu_next = 0, r_next = 0;
   auto prefetch = [&](const i64 r) {
@@ -205,14 +226,27 @@ __device__ __forceinline__ void bwd_reg_rows(
     auto xhat = [&](const int i, const int k) {
       return (widen_at<A>(rx[i], k) - mu) * r;
     };
-    auto unpack = [&](const int i, const int col, A (&xh)[VEC], A (&d)[VEC], A (&g)[VEC]) {
-      if (w != nullptr) load_pack<A, TW, VEC>(w + lo + col, g);
+    auto widen_xd = [&](const int i, A (&xh)[VEC], A (&d)[VEC]) {
 #pragma unroll
       for (int k = 0; k < VEC; ++k) {
         xh[k] = xhat(i, k);
         d[k] = widen_at<A>(rg[i], k);
-        g[k] = w != nullptr ? d[k] * g[k] : d[k];
       }
+    };
+    auto times_w = [&](const int i, const int col, const A (&d)[VEC], A (&g)[VEC]) {
+      if (w != nullptr) {
+        if constexpr (STAGE_W) {
+          load_pack<A, TW, VEC>(reinterpret_cast<const TW*>(ws + i * TPR), g);
+        } else {
+          load_pack<A, TW, VEC>(w + lo + col, g);
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) g[k] = w != nullptr ? d[k] * g[k] : d[k];
+    };
+    auto unpack = [&](const int i, const int col, A (&xh)[VEC], A (&d)[VEC], A (&g)[VEC]) {
+      widen_xd(i, xh, d);
+      times_w(i, col, d, g);
     };
     constexpr bool KEEP_G = Blocks::value == 1 && !SHARED_SUMS;
     A kept[KEEP_G ? ITEMS : 1][VEC];
@@ -264,6 +298,8 @@ __device__ __forceinline__ void bwd_reg_rows(
             xh[k] = xhat(i, k);
             g[k] = kept[i][k];
           }
+        } else if constexpr (SHARED_SUMS) {
+          widen_xd(i, xh, d);  // g after the sums
         } else {
           unpack(i, col, xh, d, g);
         }
@@ -282,6 +318,7 @@ __device__ __forceinline__ void bwd_reg_rows(
             db_sums(i, c) = sb;
           }
         }
+        if constexpr (SHARED_SUMS) times_w(i, col, d, g);
 #pragma unroll
         for (int k = 0; k < VEC; ++k) o[k] = (g[k] - (xh[k] * c1 + c2)) * r;
         store_pack<T, A, VEC, (C > 1)>(dxr + col, o);
@@ -343,9 +380,9 @@ __device__ __forceinline__ void bwd_reg_rows(
 }
 
 template <typename T, typename TW, int VEC, int ITEMS, int TPR, int BLOCK, bool AHEAD,
-          bool SHARED_SUMS>
-__global__ void __launch_bounds__(BLOCK,
-                                  BwdRegBlocks<T, ITEMS, VEC, TPR, BLOCK, SHARED_SUMS>::value)
+          bool SHARED_SUMS, bool STAGE_W>
+__global__ void __launch_bounds__(
+    BLOCK, BwdRegBlocks<T, ITEMS, VEC, TPR, BLOCK, SHARED_SUMS, STAGE_W>::value)
     ln_bwd_reg(const T* __restrict__ dy, const i64 dy_stride, const T* __restrict__ x,
                const i64 x_stride, const TW* __restrict__ w,
                const typename AccOf<T>::type* __restrict__ mean,
@@ -353,13 +390,14 @@ __global__ void __launch_bounds__(BLOCK,
                typename AccOf<T>::type* __restrict__ dw_part,
                typename AccOf<T>::type* __restrict__ db_part, const i64 M, const int N) {
   release_dependents();  // ln_partial_reduce, launched after it, waits for the whole grid
-  bwd_reg_rows<T, TW, VEC, ITEMS, TPR, BLOCK, AHEAD, SHARED_SUMS, 1>(
+  bwd_reg_rows<T, TW, VEC, ITEMS, TPR, BLOCK, AHEAD, SHARED_SUMS, 1, STAGE_W>(
       dy, dy_stride, x, x_stride, w, mean, rstd, dx, dw_part, db_part, M, N, nullptr);
 }
 
-template <typename T, typename TW, int VEC, int ITEMS, int BLOCK, bool SHARED_SUMS, int C>
-__global__ void CUPYLN_CLUSTER(C)
-    __launch_bounds__(BLOCK, BwdRegBlocks<T, ITEMS, VEC, BLOCK, BLOCK, SHARED_SUMS>::value)
+template <typename T, typename TW, int VEC, int ITEMS, int BLOCK, bool SHARED_SUMS, int C,
+          bool STAGE_W>
+__global__ void CUPYLN_CLUSTER(C) __launch_bounds__(
+    BLOCK, BwdRegBlocks<T, ITEMS, VEC, BLOCK, BLOCK, SHARED_SUMS, STAGE_W>::value)
         ln_bwd_reg_cluster(const T* __restrict__ dy, const i64 dy_stride,
                            const T* __restrict__ x, const i64 x_stride, const TW* __restrict__ w,
                            const typename AccOf<T>::type* __restrict__ mean,
@@ -369,7 +407,7 @@ __global__ void CUPYLN_CLUSTER(C)
                            const int N) {
   __shared__ typename AccOf<T>::type xch[2 * C * 2];
   release_dependents();
-  bwd_reg_rows<T, TW, VEC, ITEMS, BLOCK, BLOCK, true, SHARED_SUMS, C>(
+  bwd_reg_rows<T, TW, VEC, ITEMS, BLOCK, BLOCK, true, SHARED_SUMS, C, STAGE_W>(
       dy, dy_stride, x, x_stride, w, mean, rstd, dx, dw_part, db_part, M, N, xch);
 }
 
