@@ -80,9 +80,12 @@ Thresholds and why (H200, bf16, M*N = 2**27; scripts/tune.py, data in docs/):
   against 3173 in 1024 threads of 2);
 * those blocks (with AHEAD) also copy their columns of w into shared memory once and read it
   there (layer_norm_bwd.cu, STAGE_W), where w has x's size and the SM still holds as many of
-  the blocks (not on sm_80 beside the sums of 768 threads); in a cluster only with the sums in
-  shared memory (fp16 blocks of 384 threads spilled 60 bytes, unmeasured). Read through L1, w
-  missed where the staged rows and sums leave L1 little room: bf16 N=4096-65536 +3.5% to +7.9%;
+  the blocks (not on sm_80 beside the sums of 768 threads); in a cluster whose sums stay in
+  registers only for bf16 (fp16 blocks of 384 threads then spill 56-60 bytes: N=24576 2542 GB/s
+  against 2998, 49152 2586 / 3022). Read through L1, w missed where the staged rows and sums
+  leave L1 little room: bf16 N=4096-65536 +3.5% to +7.9% (layer_norm_bwd.cu), the clusters of
+  sums in registers bf16 N=18432 3066 / 3039, 20480 3240 / 3174, 24576 3171 / 2944, 40960
+  3134 / 3031, 49152 3203 / 2926;
 * such rows in a block of their own that shares its SM take the block size that splits the
   launch bounds' threads per SM evenly (BWD_REG_THREADS, BWD_SHARED_SUMS_THREADS): 384
   threads where 320 would leave 128 of 768 unused, 512 for 448 (_bwd_fill_sm: bf16 N=5120
@@ -120,7 +123,7 @@ import math
 from dataclasses import dataclass
 
 from . import _compile
-from ._dtypes import acc_dtype, ctype
+from ._dtypes import BFLOAT16, acc_dtype, ctype
 
 FWD_REG_ITEMS = 8  # forward: vectors of the row a thread keeps (128 bytes in 16-byte vectors)
 FWD_REG_ITEMS_SHORT = 4  # ...in launches of fewer than FWD_SHORT_WAVES waves at FWD_REG_ITEMS
@@ -665,10 +668,11 @@ def backward_plan(n: int, x_dtype, w_dtype, vec: int, smem_limit: int,
 
     def stage_w(block, items, shared, cluster=1):
         """Whether the block copies its columns of w into shared memory once (STAGE_W): blocks
-        that copy the next row ahead, w of x's size (in a cluster, with the sums shared), where
-        the SM still holds as many blocks as without it."""
-        same = w_dtype.itemsize == x_dtype.itemsize and (cluster == 1 or shared)
-        if not packs16 or block < BWD_REG_AHEAD_BLOCK or not same:
+        that copy the next row ahead, w of x's size (in a cluster with the sums in registers,
+        bf16 only), where the SM still holds as many blocks as without it."""
+        if not packs16 or block < BWD_REG_AHEAD_BLOCK or w_dtype.itemsize != x_dtype.itemsize:
+            return False
+        if cluster > 1 and not shared and x_dtype != BFLOAT16:
             return False
         held = lambda smem: smem_limit // (smem + STATIC_SMEM_MARGIN)  # noqa: E731
         threads = BWD_SHARED_SUMS_THREADS if shared else BWD_REG_THREADS

@@ -189,10 +189,11 @@ def _check_bwd_reg_cluster(plan, n, dtype, smem):
     assert c == 2 or n > (c // 2) * small, plan  # the fewest blocks
     shared = block >= _launch.BWD_SHARED_SUMS_BLOCK
     t = "cupyln::" + ("bf16_t" if dtype.name == "bfloat16" else "half_t")
-    args = (t, t, vec, plan.items, block, shared, c, shared)  # w staged with the sums
+    staged = shared or dtype.name == "bfloat16"  # w staged: with the sums shared, or bf16
+    args = (t, t, vec, plan.items, block, shared, c, staged)
     assert plan.expr == _compile.template("ln_bwd_reg_cluster", *args), plan
-    sums = 2 * slots * 4 + slots * dtype.itemsize if shared else 0  # and w beside them
-    assert plan.smem == 2 * slots * dtype.itemsize + sums, plan
+    sums = 2 * slots * 4 if shared else 0
+    assert plan.smem == (3 if staged else 2) * slots * dtype.itemsize + sums, plan
 
 
 def test_small_backward_blocks_fill_their_slots():
@@ -359,7 +360,7 @@ def test_tiers_by_width():
     ):
         p = _launch.backward_plan(n, bf16, bf16, 8, SMEM_H100, h100)
         assert (p.tier, p.cluster, p.block) == ("reg", cluster, block), (n, p)
-        flags = f"{str(shared).lower()}, {cluster}, {str(shared).lower()}"  # w staged: shared
+        flags = f"{str(shared).lower()}, {cluster}, true"  # (bf16: w staged)
         assert p.expr.endswith(f", {block}, {flags}>"), (n, p)
     for n, dt, vec, cluster in (
         (98304, bf16, 8, 8),

@@ -78,7 +78,7 @@ __device__ __forceinline__ void row_packs(const T* __restrict__ xr, const T* __r
 //   3010 / 3076 with g formed after the sums, fp16 32768 2927 / 3074): the registers left hold
 //   x and dy, and blocks of up to 1024 threads fit.
 //   With STAGE_W (blocks with AHEAD, a block per row, 16-byte packs, w of T's size; the
-//   launcher takes it where the SM holds as many blocks with it), each thread copies its
+//   launcher's rule, _launch.backward_plan, says where), each thread copies its
 //   columns of w into shared memory once, after everything above (BLOCK * ITEMS packs of TW),
 //   and both passes read w from there. Read from global memory, w missed L1 where the staged
 //   rows and sums leave it little room: H200, M*N = 2**27, one process, best of 3, bf16 GB/s
