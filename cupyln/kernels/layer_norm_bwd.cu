@@ -25,8 +25,8 @@ namespace cupyln {
 // With SHARED_SUMS (the dw/db sums in shared memory) a thread keeps only x and dy: 1024
 // threads per SM (64 registers); bf16 N=8192 3418 GB/s at two blocks of 512 against 3104 at one.
 // Those blocks also need their shared memory (the next row's packs and the sums, 16-byte packs
-// of T): no more of them than sm_90's 227 KB hold, so a lone block of 512 threads with 4 slots
-// gets the registers it needs (110) instead of spilling at 64.
+// of T, and w with STAGE_W): no more of them than sm_90's 227 KB hold, so a lone block of 512
+// threads with 4 slots gets the registers it needs (96) instead of spilling at 64.
 // Blocks of several row groups of more than a warp (_launch.BWD_GROUP_BLOCK) whose threads hold
 // at most 12 elements of x (_launch.BWD_GROUP_VALUES) also get 1024 threads (64 registers, as
 // the lone 64-thread blocks of those rows reach unasked): bf16 N=768 3613 GB/s against 3325 at
@@ -183,7 +183,9 @@ __device__ __forceinline__ void bwd_reg_rows(
       }
     }
     const int col = (i * TPR + lane) * VEC;
-    if (STAGE_W && w != nullptr && col < n) ws[i * TPR] = *reinterpret_cast<const WP*>(w + lo + col);
+    if (STAGE_W && w != nullptr && col < n) {
+      ws[i * TPR] = *reinterpret_cast<const WP*>(w + lo + col);
+    }
   }
   A mu_next = 0, r_next = 0;
   auto prefetch = [&](const i64 r) {
