@@ -82,8 +82,8 @@ Thresholds and why (H200, bf16, M*N = 2**27; scripts/tune.py, data in docs/):
   there (layer_norm_bwd.cu, STAGE_W), where w has x's size and the SM still holds as many of
   the blocks (not on sm_80 beside the sums of 768 threads); in a cluster whose sums stay in
   registers only for bf16 (fp16 blocks of 384 threads then spill 56-60 bytes: N=24576 2542 GB/s
-  against 2998, 49152 2586 / 3022). Read through L1, w missed where the staged rows and sums
-  leave L1 little room: bf16 N=4096-65536 +3.5% to +7.9% (layer_norm_bwd.cu), the clusters of
+  against 2998, 49152 2586 / 3022). Against w read through L1: bf16 N=4096-65536 +3.5% to
+  +7.9% (layer_norm_bwd.cu), the clusters of
   sums in registers bf16 N=18432 3066 / 3039, 20480 3240 / 3174, 24576 3171 / 2944, 40960
   3134 / 3031, 49152 3203 / 2926;
 * such rows in a block of their own that shares its SM take the block size that splits the

@@ -80,12 +80,12 @@ __device__ __forceinline__ void row_packs(const T* __restrict__ xr, const T* __r
 //   With STAGE_W (blocks with AHEAD, a block per row, 16-byte packs, w of T's size; the
 //   launcher's rule, _launch.backward_plan, says where), each thread copies its
 //   columns of w into shared memory once, after everything above (BLOCK * ITEMS packs of TW),
-//   and both passes read w from there. Read from global memory, w missed L1 where the staged
-//   rows and sums leave it little room: H200, M*N = 2**27, one process, best of 3, bf16 GB/s
-//   against w through L1: N=4096 3854 / 3705, 5120 3797 / 3613, 6144 3831 / 3648, 8192 3699 /
-//   3573, 10240 3540 / 3417, 12288 3668 / 3456, 16384 3785 / 3509, 32768 2915 / 2792, 65536
-//   2952 / 2811; fp16 4096 3854 / 3806, 5120 3632 / 3566, 8192 3689 / 3613, 16384 3715 / 3407,
-//   32768 2956 / 2780.
+//   and both passes read w from there, not through L1 (beside the staged rows and sums, L1
+//   keeps 60 KB or less of the SM's 256 from N = 7168): H200, M*N = 2**27, one process, best
+//   of 3, bf16 GB/s against w through L1: N=4096 3854 / 3705, 5120 3797 / 3613, 6144 3831 /
+//   3648, 8192 3699 / 3573, 10240 3540 / 3417, 12288 3668 / 3456, 16384 3785 / 3509, 32768
+//   2915 / 2792, 65536 2952 / 2811; fp16 4096 3854 / 3806, 5120 3632 / 3566, 8192 3689 / 3613,
+//   16384 3715 / 3407, 32768 2956 / 2780.
 //   ln_bwd_reg_cluster (sm_90+): rows split over a thread-block cluster of C such blocks, a
 //   row a cluster: block k holds the columns [k*S, (k+1)*S) of each row (S = BLOCK * ITEMS *
 //   VEC; the last block's slice may be shorter, or empty), the cluster walks rows q, q + Q, ...
