@@ -78,13 +78,18 @@ Thresholds and why (H200, bf16, M*N = 2**27; scripts/tune.py, data in docs/):
   3209 with three blocks of 320 threads, 6144 3298 / 3467); rows that would need a block of
   more than BWD_LONE_FROM threads run 512 threads of 4 vectors (bf16 N=16384 3417 GB/s
   against 3173 in 1024 threads of 2);
-* those blocks (with AHEAD) also copy their columns of w into shared memory once and read it
-  there (layer_norm_bwd.cu, STAGE_W), where w has x's size and the SM still holds as many of
-  the blocks (not on sm_80 beside the sums of 768 threads); in a cluster whose sums stay in
-  registers only for bf16 (fp16 blocks of 384 threads then spill 56-60 bytes: N=24576 2542 GB/s
-  against 2998, 49152 2586 / 3022). Against w read through L1: bf16 N=4096-65536 +3.5% to
-  +7.9% (layer_norm_bwd.cu), the clusters of
-  sums in registers bf16 N=18432 3066 / 3039, 20480 3240 / 3174, 24576 3171 / 2944, 40960
+* the 16-bit register rows with w of x's dtype copy their columns of w into shared memory once
+  and read it there (layer_norm_bwd.cu, STAGE_W): blocks of several rows one copy for all of
+  them, blocks that copy the next row ahead where the SM still holds as many of them (not on
+  sm_80 beside the sums of 768 threads); in a cluster whose sums stay in registers only for
+  bf16 (fp16 blocks of 384 threads then spill 56-60 bytes: N=24576 2542 GB/s against 2998,
+  49152 2586 / 3022), and not for w of the other 16-bit dtype (fp16 x with bf16 w spilled
+  8-28 bytes, unmeasured). Against w read through L1: bf16 N=4096-65536 +3.5% to +7.9%
+  (layer_norm_bwd.cu), N=384-3072 +2.0% to +3.3% (one process, best of 3: 384 3774 / 3657, 512
+  3982 / 3856, 768 3719 / 3612, 1000 3744 / 3646, 1024 3836 / 3748, 1536 3779 / 3659, 2048
+  3758 / 3678, 3072 3679 / 3576; fp16 768 3802 / 3736, 1024 3903 / 3860, 2048 3855 / 3810;
+  short launches fp16 M=4096 N=1024 1485 / 1462, bf16 M=4096 N=2048 1935 / 1866), the clusters
+  of sums in registers bf16 N=18432 3066 / 3039, 20480 3240 / 3174, 24576 3171 / 2944, 40960
   3134 / 3031, 49152 3203 / 2926;
 * such rows in a block of their own that shares its SM take the block size that splits the
   launch bounds' threads per SM evenly (BWD_REG_THREADS, BWD_SHARED_SUMS_THREADS): 384
@@ -657,21 +662,24 @@ def backward_plan(n: int, x_dtype, w_dtype, vec: int, smem_limit: int,
     # 16-bit rows in 16-byte packs (narrower packs, more of them, spill under the bounds)
     packs16 = x_dtype.itemsize == 2 and vec == 8
 
-    def reg_smem(block, items, shared, staged=False):
+    def reg_smem(block, items, shared, staged=False, tpr=None):
         """Dynamic shared memory: x and dy of the next row (AHEAD), the dw/db sums (shared), w
-        (staged)."""
+        (staged: one copy a block, a row's worth of ``tpr`` threads)."""
         values = block * items * vec
         smem = 2 * values * acc_dtype(x_dtype).itemsize if shared else 0
         if block >= BWD_REG_AHEAD_BLOCK:
-            smem += 2 * values * x_dtype.itemsize + (values * w_dtype.itemsize if staged else 0)
-        return smem
+            smem += 2 * values * x_dtype.itemsize
+        w_values = (tpr or block) * items * vec
+        return smem + (w_values * w_dtype.itemsize if staged else 0)
 
     def stage_w(block, items, shared, cluster=1):
-        """Whether the block copies its columns of w into shared memory once (STAGE_W): blocks
-        that copy the next row ahead, w of x's size (in a cluster with the sums in registers,
-        bf16 only), where the SM still holds as many blocks as without it."""
-        if not packs16 or block < BWD_REG_AHEAD_BLOCK or w_dtype.itemsize != x_dtype.itemsize:
+        """Whether the block copies its columns of w into shared memory once (STAGE_W): 16-bit
+        register rows with w of x's dtype (in a cluster with the sums in registers, bf16 only);
+        blocks that copy the next row ahead where the SM still holds as many of them."""
+        if not packs16 or w_dtype != x_dtype:
             return False
+        if block < BWD_REG_AHEAD_BLOCK:
+            return True
         if cluster > 1 and not shared and x_dtype != BFLOAT16:
             return False
         held = lambda smem: smem_limit // (smem + STATIC_SMEM_MARGIN)  # noqa: E731
@@ -718,7 +726,7 @@ def backward_plan(n: int, x_dtype, w_dtype, vec: int, smem_limit: int,
             tpr = block = _bwd_fill_sm(block, items, shared, block_smem, smem_limit)
         ahead = packs16 and block >= BWD_REG_AHEAD_BLOCK
         staged = stage_w(block, items, shared)
-        smem = reg_smem(block, items, shared, staged) if packs16 else 0
+        smem = reg_smem(block, items, shared, staged, tpr) if packs16 else 0
         if packs16 and not ahead and tpr > 32:
             block = _bwd_group_block(tpr, items * vec, short)
         args = (tx, tw, vec, items, tpr, block, ahead, shared, staged)

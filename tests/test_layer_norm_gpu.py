@@ -226,15 +226,16 @@ def test_backward_register_clusters(dtype, n, cluster, block):
         run_and_check(x, w, b, dy)
 
 
-@pytest.mark.parametrize("n", [4096, 10248, 20480, 32768])
+@pytest.mark.parametrize("n", [384, 768, 1000, 4096, 10248, 20480, 32768])
 @pytest.mark.parametrize("xdt", ["bfloat16", "float16"])
 @pytest.mark.parametrize("wdt", [None, "x", "other", "float32"])
 def test_backward_w_staged(xdt, wdt, n):
-    """16-bit backward rows whose blocks copy w into shared memory once (w of x's size: of x's
-    dtype or the other 16-bit one; on sm_90 in blocks of 256 threads sharing an SM, a lone block
-    of 512 with the sums shared, register clusters with the sums in registers (bf16) and in
-    shared memory), with no w and with float32 w (not staged); rows past the slots of the last
-    threads (10248) and fewer rows than blocks (m = 5) too."""
+    """16-bit backward rows whose blocks copy w into shared memory once (w of x's dtype; on
+    sm_90 in blocks of several rows sharing one copy (384: 4 rows of 32 threads, 768: 4 of 64),
+    a block a row (1000), blocks of 256 threads copying ahead, a lone block of 512 with the
+    sums shared, register clusters with the sums in registers (bf16) and in shared memory),
+    with no w, and with w of the other 16-bit dtype and of float32 (not staged); rows past
+    the slots of the last threads (1000, 10248) and fewer rows than blocks (m = 5) too."""
     other = "float16" if xdt == "bfloat16" else "bfloat16"
     wdt = {"x": xdt, "other": other}.get(wdt, wdt)
     for m in (5, 300):
@@ -242,7 +243,7 @@ def test_backward_w_staged(xdt, wdt, n):
         if int(x.device.compute_capability) >= 90 and wdt is not None:
             plan = cupyln._api._backward_grid(x.device.id, m, n, x.dtype, w.dtype, w.dtype, 8)[1]
             cluster_in_registers = plan.cluster > 1 and ", false, " in plan.expr
-            staged = w.itemsize == 2 and not (cluster_in_registers and xdt == "float16")
+            staged = wdt == xdt and not (cluster_in_registers and xdt == "float16")
             assert plan.expr.endswith(f", {str(staged).lower()}>"), plan
         run_and_check(x, w, b, dy)
 

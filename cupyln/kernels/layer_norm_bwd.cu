@@ -77,15 +77,17 @@ __device__ __forceinline__ void row_packs(const T* __restrict__ xr, const T* __r
 //   staged the register clusters of bf16 N=32768 / 65536 measured 2893 / 2946 GB/s against
 //   3010 / 3076 with g formed after the sums, fp16 32768 2927 / 3074): the registers left hold
 //   x and dy, and blocks of up to 1024 threads fit.
-//   With STAGE_W (blocks with AHEAD, a block per row, 16-byte packs, w of T's size; the
-//   launcher's rule, _launch.backward_plan, says where), each thread copies its
-//   columns of w into shared memory once, after everything above (BLOCK * ITEMS packs of TW),
-//   and both passes read w from there, not through L1 (beside the staged rows and sums, L1
-//   keeps 60 KB or less of the SM's 256 from N = 7168): H200, M*N = 2**27, one process, best
-//   of 3, bf16 GB/s against w through L1: N=4096 3854 / 3705, 5120 3797 / 3613, 6144 3831 /
-//   3648, 8192 3699 / 3573, 10240 3540 / 3417, 12288 3668 / 3456, 16384 3785 / 3509, 32768
-//   2915 / 2792, 65536 2952 / 2811; fp16 4096 3854 / 3806, 5120 3632 / 3566, 8192 3689 / 3613,
-//   16384 3715 / 3407, 32768 2956 / 2780.
+//   With STAGE_W (w of T's size; the launcher's rule, _launch.backward_plan, says where), the
+//   block copies its columns of w into shared memory once (TPR * ITEMS packs of TW): with
+//   AHEAD each thread its own packs after everything above; without, the first row group for
+//   all the block's groups at the start of the dynamic shared memory (then one barrier). Both
+//   passes read w from there, not through L1 (blocks without AHEAD: bf16 N=384-3072 +2.0% to
+//   +3.3%, _launch.py; with it, beside whose staged rows and sums L1 keeps 60 KB or less of
+//   the SM's 256 from N = 7168: H200, M*N = 2**27, one process, best of 3, bf16 GB/s against w
+//   through L1: N=4096 3854 / 3705, 5120 3797 / 3613, 6144 3831 / 3648, 8192 3699 / 3573,
+//   10240 3540 / 3417, 12288 3668 / 3456, 16384 3785 / 3509, 32768 2915 / 2792, 65536 2952 /
+//   2811; fp16 4096 3854 / 3806, 5120 3632 / 3566, 8192 3689 / 3613, 16384 3715 / 3407, 32768
+//   2956 / 2780).
 //   ln_bwd_reg_cluster (sm_90+): rows split over a thread-block cluster of C such blocks, a
 //   row a cluster: block k holds the columns [k*S, (k+1)*S) of each row (S = BLOCK * ITEMS *
 //   VEC; the last block's slice may be shorter, or empty), the cluster walks rows q, q + Q, ...
@@ -167,12 +169,14 @@ __device__ __forceinline__ void bwd_reg_rows(
   auto db_sums = [&](const int i, const int c) -> Chunk& {
     return sums[((ITEMS + i) * CHUNKS + c) * TPR];
   };
-  // STAGE_W: the thread's packs of w, copied once, at ws[i * TPR] after the sums (or after the
-  // AHEAD packs)
-  static_assert(!STAGE_W || (AHEAD && ROWS == 1 && sizeof(P) == 16 && sizeof(TW) == sizeof(T)),
-                "STAGE_W: a block per row copying ahead, 16-byte packs, w of T's size");
+  // STAGE_W: the block's packs of w, copied once, slot i of the thread at `lane` at ws[i * TPR]:
+  // after the sums (or after the AHEAD packs), or without AHEAD at the start of the dynamic
+  // shared memory, one copy that the block's row groups share (the first group makes it)
+  static_assert(!STAGE_W || (sizeof(TW) == sizeof(T) && (!AHEAD || ROWS == 1)),
+                "STAGE_W: w of T's size");
   typedef Pack<TW, VEC> WP;
-  WP* const ws = reinterpret_cast<WP*>(sums + (SHARED_SUMS ? 2 * ITEMS * CHUNKS * TPR : 0));
+  WP* const ws = AHEAD ? reinterpret_cast<WP*>(sums + (SHARED_SUMS ? 2 * ITEMS * CHUNKS * TPR : 0))
+                       : reinterpret_cast<WP*>(dyn_smem) + lane;
 #pragma unroll
   for (int i = 0; i < ITEMS; ++i) {
     if constexpr (SHARED_SUMS) {
@@ -183,10 +187,11 @@ __device__ __forceinline__ void bwd_reg_rows(
       }
     }
     const int col = (i * TPR + lane) * VEC;
-    if (STAGE_W && w != nullptr && col < n) {
+    if (STAGE_W && w != nullptr && col < n && (ROWS == 1 || threadIdx.x < TPR)) {
       ws[i * TPR] = *reinterpret_cast<const WP*>(w + lo + col);
     }
   }
+  if constexpr (STAGE_W && ROWS > 1) __syncthreads();  // the first group's copy, for every group
   A mu_next = 0, r_next = 0;
   auto prefetch = [&](const i64 r) {
     if (r < M) {
