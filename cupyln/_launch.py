@@ -682,10 +682,12 @@ def backward_plan(n: int, x_dtype, w_dtype, vec: int, smem_limit: int,
             return True
         if cluster > 1 and not shared and x_dtype != BFLOAT16:
             return False
-        held = lambda smem: smem_limit // (smem + STATIC_SMEM_MARGIN)  # noqa: E731
+
+        def held(staged):  # blocks the SM's shared memory holds
+            return smem_limit // (reg_smem(block, items, shared, staged) + STATIC_SMEM_MARGIN)
+
         threads = BWD_SHARED_SUMS_THREADS if shared else BWD_REG_THREADS
-        without = min(held(reg_smem(block, items, shared)), max(1, threads // block))
-        return held(reg_smem(block, items, shared, True)) >= without
+        return held(True) >= min(held(False), max(1, threads // block))
 
     def block_smem(block, items, shared):
         return reg_smem(block, items, shared, stage_w(block, items, shared))
