@@ -120,7 +120,7 @@ __device__ __forceinline__ void bwd_reg_rows(
   // (the 64-register variants keep the cluster barrier: cluster.cuh Sync)
   typedef BwdRegBlocks<T, ITEMS, VEC, TPR, BLOCK, SHARED_SUMS, STAGE_W> Blocks;
   constexpr bool capped = Blocks::value * BLOCK >= 1024;
-  ClusterExchange<C, A, 2, capped ? Sync::kBarrier : Sync::kAsync> exchange{xch};  // __shared__
+  ClusterExchange<C, A, 2, capped ? Sync::kBarrierSenders : Sync::kAsync> exchange{xch};
 
   const int lane = threadIdx.x % TPR;
   const A inv_n = A(1) / A(N);
