@@ -145,7 +145,7 @@ enum class Sync { kBarrier, kBarrierSenders, kAsync, kAsyncCluster };
 // exchange. Exchanges alternate between the two halves of the slots: the n-th uses half n % 2.
 //   kBarrier*: a block writes a half again only after the wait of the next exchange, which no
 // block passes before every thread of every block has read that half (its reads precede its
-// next arrive; relaxed, kBarrierSenders' arrive orders nothing, but the values read feed the
+// next arrive; kBarrierSenders' relaxed arrive does not order them, but their values feed the
 // row's stores and the caller's block barrier before its next send).
 //   kAsync*: thread 0 of each block arrives on the half's mbarrier expecting C * W values, and
 // the half's phase (parity n / 2 % 2) completes when all C blocks' values are in. A block
