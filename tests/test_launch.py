@@ -603,3 +603,21 @@ def test_jagged_plan_keeps_chunks_inside_the_invariant(d, dtype, max_seqlen, bac
         assert p.rows >= 1 and (p.rows == 1 or 2 * p.rows * d <= p.cap)
         if max_seqlen and max_seqlen * d * dt.itemsize <= room:
             assert p.cap >= max_seqlen * d
+
+
+def test_launch_config_packing_matches_the_driver_struct():
+    """The launch path packs cuLaunchKernelEx's CUlaunchConfig with a struct format (one
+    pack_into a call); each field must land where the ctypes mirror of cuda.h's layout, which
+    the occupancy query passes to the driver, has it."""
+    import ctypes
+
+    from cupyln import _driver
+
+    values = (1, 2, 3, 4, 5, 6, 7, 0x1122334455667788, 0x0123456789ABCDEF, 9)
+    buf = ctypes.create_string_buffer(ctypes.sizeof(_driver._LaunchConfig))
+    _driver._CONFIG.pack_into(buf, 0, *values)
+    config = _driver._LaunchConfig.from_buffer(buf)
+    assert list(config.grid) == [1, 2, 3] and list(config.block) == [4, 5, 6]
+    assert config.smem == 7 and config.num_attrs == 9
+    assert config.stream == values[7] and config.attrs == values[8]
+    assert _driver._CONFIG.size <= ctypes.sizeof(_driver._LaunchConfig)
