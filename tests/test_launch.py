@@ -1,10 +1,12 @@
 """CPU tier: the launch heuristic returns a valid plan for every N it claims (any N >= 1),
 and the helpers around it (vector width, grid, dw/db slices) keep their limits."""
 
+import ctypes
+
 import numpy as np
 import pytest
 
-from cupyln import _compile, _launch
+from cupyln import _compile, _driver, _launch
 from cupyln import reference as ref
 from cupyln._dtypes import TABLE
 
@@ -609,10 +611,6 @@ def test_launch_config_packing_matches_the_driver_struct():
     """The launch path packs cuLaunchKernelEx's CUlaunchConfig with a struct format (one
     pack_into a call); each field must land where the ctypes mirror of cuda.h's layout, which
     the occupancy query passes to the driver, has it."""
-    import ctypes
-
-    from cupyln import _driver
-
     values = (1, 2, 3, 4, 5, 6, 7, 0x1122334455667788, 0x0123456789ABCDEF, 9)
     buf = ctypes.create_string_buffer(ctypes.sizeof(_driver._LaunchConfig))
     _driver._CONFIG.pack_into(buf, 0, *values)
