@@ -196,6 +196,21 @@ FWD_REG_BLOCK_MAX = 1024  # ...up to 1024 for the forward of 16- and 32-bit rows
 # against 1723, 262144 2334 / 1673; float32 N=40000 3116 / 2801, 65536 3080 / 2683).
 FWD_REG_CLUSTER_BLOCK = 512
 FWD_REG_CLUSTER_MAX = 8
+# A register cluster's blocks copy their slices of w and b into shared memory once and read
+# them there for every row (STAGE_WB) where the SM's blocks' copies take at most
+# FWD_STAGE_WB_SM bytes: read through L1, the slices of an SM's blocks (often of different
+# ranks) outgrow it and come from L2 every row. The rest of the SM's 256 KB of L1 and shared
+# memory holds the loads in flight: at 224 KB of copies the forward lost (bf16 N=57344 2887
+# GB/s against 3313). H200, M*N = 2**27, one process, best of 3, GB/s staged against read
+# through L1: bf16 N=45056 3481 / 3107, 49152 3545 / 3178, 98304 3057 / 2913; float32 N=24576
+# 3844 / 3512, 49152 3729 / 3299. Where copies at the plan's blocks per SM would not fit, the
+# 16-bit rows read w and b through L1 as before (bf16 N=65536 3381 against 2913 staged at one
+# block an SM, 36864 3345 / 3295 at 2 blocks instead of 3, and 2989-3044 over twice the blocks
+# of half the threads: issue-bound, they lose on fewer warps). float32 rows, whose passes take
+# half the instructions a byte, stage at fewer blocks per SM, two or more (N=18432 3852 / 3654
+# at 2 blocks instead of 3, 20480 3831 / 3708), else over twice the blocks of half the threads
+# (N=28672 3745 / 3569, 32768 3709 / 3655; at 65536, over 8 blocks, 3026 / 3516).
+FWD_STAGE_WB_SM = 200 * 1024
 # Row tiers: 256 threads measured faster than 512 where two or more blocks share an SM and
 # overlap their phases (forward N=8192 1689 against 983 GB/s, backward N=12288 1478 against
 # 1039); where the staged row leaves room for one block per SM, the forward needs the 512
@@ -412,10 +427,10 @@ def forward_plan(n: int, x_dtype, w_dtype, b_dtype, vec: int, smem_limit: int,
     # N=16386, 2-element vectors: 1317 GB/s against 1943; float32 N=8193: 1465 against 2455)
     split = _fwd_reg_cluster(n, vec, values, shape, max_cluster) if wide16 and not wide else None
     if split is not None:
-        cluster, items, block = split
-        minb = max(1, FWD_REG_THREADS // block)
-        expr = _compile.template("ln_fwd_reg_cluster", tx, tw, tb, vec, items, block, cluster, minb)
-        return Plan(_compile.FWD_SOURCE, expr, "reg", vec, items, block, block, 1, 0, cluster)
+        cluster, items, block, minb, smem = _fwd_staged(split, vec, w_dtype, b_dtype, x_dtype)
+        args = (tx, tw, tb, vec, items, block, cluster, minb, smem > 0)
+        expr = _compile.template("ln_fwd_reg_cluster", *args)
+        return Plan(_compile.FWD_SOURCE, expr, "reg", vec, items, block, block, 1, smem, cluster)
     ring_split = _fwd_cluster(n, vec, x_dtype.itemsize, row_bytes, smem_limit, max_cluster)
     if ring_split is not None:
         cluster, b, smem = ring_split
@@ -472,6 +487,28 @@ def _fwd_reg_cluster(n: int, vec: int, values: int, shape, max_cluster: int):
             return cluster, got[1], got[2]
         cluster *= 2
     return None
+
+
+def _fwd_staged(split, vec: int, w_dtype, b_dtype, x_dtype):
+    """(blocks per cluster, items, threads, blocks per SM, dynamic shared bytes) of a forward
+    register cluster ``split`` (_fwd_reg_cluster): shared bytes for w's and b's slices where
+    they fit FWD_STAGE_WB_SM at the blocks per SM of the launch bounds; float32 rows at fewer
+    blocks per SM (two or more), or over twice the blocks of half the threads (module notes);
+    else 0 (w and b read through L1)."""
+    cluster, items, block = split
+    minb = max(1, FWD_REG_THREADS // block)
+    smem = items * block * vec * (w_dtype.itemsize + b_dtype.itemsize)
+    fits = FWD_STAGE_WB_SM // (smem + STATIC_SMEM_MARGIN)  # blocks per SM whose copies fit
+    if fits >= minb:
+        return cluster, items, block, minb, smem
+    if x_dtype.itemsize == 4 and fits >= 2:
+        return cluster, items, block, fits, smem
+    if x_dtype.itemsize == 4 and cluster == 2 and block % 64 == 0:
+        half = smem // 2
+        per_sm = min(2 * minb, FWD_STAGE_WB_SM // (half + STATIC_SMEM_MARGIN))
+        if per_sm >= 2:
+            return 4, items, block // 2, per_sm, half
+    return cluster, items, block, minb, 0
 
 
 def _share(smem_limit: int, blocks: int = 1) -> int:

@@ -60,6 +60,40 @@ def _check_fwd_reg(plan, n, dtype, clusters):
         assert minb == max(1, threads // block) and plan.threads == minb * block, plan
 
 
+def _check_fwd_reg_cluster(plan, n, dtype, vec, clusters):
+    """A forward row over a register cluster: the fewest blocks of at most
+    FWD_REG_CLUSTER_BLOCK threads whose slices hold it; w and b (of x's dtype here) copied into
+    shared memory where the SM's blocks' copies fit FWD_STAGE_WB_SM at the launch bounds' blocks
+    per SM, float32 rows also at fewer blocks (two or more) or over twice the blocks of half the
+    threads; else read through L1."""
+    c, limit, packs = plan.cluster, _launch.FWD_REG_CLUSTER_BLOCK, n // vec
+    assert vec * dtype.itemsize == 16 and 1 < c <= clusters
+    assert plan.tpr == plan.block <= limit and plan.items == _launch.FWD_REG_ITEMS
+    assert -(-packs // c) <= plan.block * plan.items, (plan, n)  # the slices fit
+    assert packs > limit * plan.items  # no one block of the limit holds the row
+    assert plan.expr.startswith("cupyln::ln_fwd_reg_cluster<")
+    *_, block, cluster, minb, staged = plan.expr[:-1].split(", ")
+    assert (int(block), int(cluster)) == (plan.block, c) and staged in ("true", "false")
+    minb, staged = int(minb), staged == "true"
+    copies = plan.items * plan.block * vec * 2 * dtype.itemsize  # a block's slices of w and b
+    bounds = max(1, 1024 // plan.block)
+    per_sm = _launch.FWD_STAGE_WB_SM // (copies + _launch.STATIC_SMEM_MARGIN)
+    assert plan.smem == (copies if staged else 0), plan
+    split = dtype.itemsize == 4 and c == 4 and 2 * plan.block <= limit
+    split = split and -(-packs // 2) <= 2 * plan.block * plan.items
+    if not split:
+        assert c == 2 or -(-packs // (c // 2)) > limit * plan.items, plan  # the fewest
+    if dtype.itemsize != 4:  # 16-bit rows: staged only at the launch bounds' blocks per SM
+        assert minb == bounds and staged == (per_sm >= bounds), plan
+    elif split:  # float32 over two blocks whose copies fit no two blocks per SM
+        assert staged and minb == min(2 * (1024 // (2 * plan.block)), per_sm) >= 2, plan
+        assert 2 * (2 * copies + _launch.STATIC_SMEM_MARGIN) > _launch.FWD_STAGE_WB_SM, plan
+    else:
+        assert staged == (per_sm >= 2 or per_sm >= bounds), plan
+        assert minb == (min(bounds, per_sm) if staged else bounds), plan
+        assert staged or c > 2 or plan.block % 64, plan  # (else split over four blocks)
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
 @pytest.mark.parametrize("smem", [SMEM_H100, SMEM_A100])
 def test_every_width_gets_a_valid_plan(dtype, smem):
@@ -84,16 +118,8 @@ def test_every_width_gets_a_valid_plan(dtype, smem):
                 if plan.tier == "reg" and plan.cluster > 1 and not fwd:
                     _check_bwd_reg_cluster(plan, n, dtype, smem)
                 elif plan.tier == "reg" and plan.cluster > 1:  # forward, a row over a cluster
-                    c, limit = plan.cluster, _launch.FWD_REG_CLUSTER_BLOCK
-                    packs = n // vec
-                    assert fwd and vec * dtype.itemsize == 16 and 1 < c <= CLUSTERS[smem]
-                    assert -(-packs // c) <= plan.block * plan.items, (plan, n)  # slices fit
-                    assert c == 2 or -(-packs // (c // 2)) > limit * plan.items  # fewest
-                    assert packs > limit * plan.items  # no one block of the limit holds it
-                    assert plan.tpr == plan.block <= limit and plan.items == _launch.FWD_REG_ITEMS
-                    minb = max(1, 1024 // plan.block)
-                    assert plan.expr.startswith("cupyln::ln_fwd_reg_cluster<")
-                    assert plan.expr.endswith(f", {plan.block}, {c}, {minb}>") and plan.smem == 0
+                    assert fwd
+                    _check_fwd_reg_cluster(plan, n, dtype, vec, CLUSTERS[smem])
                 elif plan.tier == "reg":
                     assert plan.tpr * plan.items * plan.vec >= n, (plan, n)  # the row fits
                     lone = not fwd and plan.block == plan.tpr and plan.items * plan.vec > budget
@@ -268,18 +294,23 @@ def test_tiers_by_width():
         p = _launch.forward_plan(n, dt, dt, dt, vec, SMEM_H100)
         assert (p.tier, p.block, p.items, p.cluster) == ("reg", block, items, 1), (n, dt, p)
     # on sm_90, rows of 16-byte vectors past 512 threads split over a cluster of blocks of at
-    # most 512 (the fewest blocks)
+    # most 512 (the fewest blocks), which copy w and b into shared memory where the SM's
+    # blocks' copies fit 200 KB; float32 rows at two blocks per SM instead of three (20480), or
+    # over twice the blocks of half the threads (32768)
     h100 = _launch.MAX_CLUSTER
-    for n, dt, vec, cluster, block in (
-        (65536, bf16, 8, 2, 512),
-        (32768, f32, 4, 2, 512),
-        (40000, f32, 4, 4, 320),
-        (65536, f32, 4, 4, 512),
-        (131072, bf16, 8, 4, 512),
-        (262144, bf16, 8, 8, 512),
+    for n, dt, vec, cluster, block, staged in (
+        (49152, bf16, 8, 2, 384, 98304),
+        (65536, bf16, 8, 2, 512, 0),
+        (20480, f32, 4, 2, 320, 81920),
+        (32768, f32, 4, 4, 256, 65536),
+        (40000, f32, 4, 4, 320, 81920),
+        (65536, f32, 4, 4, 512, 0),
+        (131072, bf16, 8, 4, 512, 0),
+        (262144, bf16, 8, 8, 512, 0),
     ):
         p = _launch.forward_plan(n, dt, dt, dt, vec, SMEM_H100, h100)
-        assert (p.tier, p.cluster, p.block, p.items) == ("reg", cluster, block, 8), (n, dt, p)
+        got = (p.tier, p.cluster, p.block, p.items, p.smem)
+        assert got == ("reg", cluster, block, 8, staged), (n, dt, p)
     assert _launch.forward_plan(32768, bf16, bf16, bf16, 8, SMEM_H100, h100).cluster == 1
     # wider rows through the ring kernel: blocks of 256 threads while a row fits a third of the
     # shared memory, else of 512; each ring holds one row

@@ -248,6 +248,34 @@ def test_backward_w_staged(xdt, wdt, n):
         run_and_check(x, w, b, dy)
 
 
+# Forward rows over register clusters (sm_90) whose blocks copy w and b into shared memory or
+# read them through L1 (_launch._fwd_staged): N, x's dtype, w's and b's, blocks a cluster,
+# threads a block, staged. float32: at 2 blocks an SM (20480), over four blocks of half the
+# threads (28672, 32768); float32 x with bf16 w and b at its own shape (32768).
+BF, FP, F32 = "bfloat16", "float16", "float32"
+STAGE_WB = [(49152, BF, BF, 2, 384, True), (45056, FP, FP, 2, 384, True),
+            (65536, BF, BF, 2, 512, False), (20480, F32, F32, 2, 320, True),
+            (28672, F32, F32, 4, 224, True), (32768, F32, F32, 4, 256, True),
+            (65536, F32, F32, 4, 512, False), (32768, F32, BF, 2, 512, True),
+            (49152, BF, F32, 2, 384, False)]  # fmt: skip
+
+
+@pytest.mark.parametrize("n,xdt,wdt,cluster,block,staged", STAGE_WB)
+def test_forward_register_clusters_stage_w_and_b(n, xdt, wdt, cluster, block, staged):
+    """Against the float64 reference with NaN-poisoned outputs: w and b both, either alone (w
+    and b of x's dtype: the same plan) and neither; fewer rows than clusters (5) and rows that
+    walk several times round the persistent grid (700)."""
+    present = [(wdt, wdt)] if wdt != xdt else [(wdt, wdt), (wdt, None), (None, wdt), (None, None)]
+    for w_dtype, b_dtype in present:
+        for m in (5, 700):
+            x, w, b, dy = inputs((m, n), xdt, w_dtype, b_dtype)
+            if int(x.device.compute_capability) >= 90:
+                got = cupyln.describe(x, w, b)["forward"]
+                assert f"tpr={block} block={block} " in got, got
+                assert got.endswith(f"cluster={cluster}") and (" smem=0 " not in got) == staged
+            run_and_check(x, w, b, dy)
+
+
 # Every pairing of x, w, b dtypes (None = no w / no b) at a vector-path and a scalar-path width.
 COMBOS = list(itertools.product(DTYPES, DTYPES + [None], DTYPES + [None]))
 

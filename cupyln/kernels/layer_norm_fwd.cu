@@ -182,8 +182,14 @@ __global__ void __launch_bounds__(BLOCK, MINB)
 //   bf16 N=65536: 2887 GB/s against 3269). MINB blocks per SM (launch bounds): one block's
 //   loads overlap another's reductions and stores, which a lone 1024-thread block holding the
 //   whole row cannot.
-// Limits: ceil(P / C) <= ITEMS * BLOCK, and P >= C (every block gets packs).
-template <typename T, typename TW, typename TB, int VEC, int ITEMS, int BLOCK, int C, int MINB>
+//   STAGE_WB: each block copies its slice's columns of w and b into dynamic shared memory once
+//   and reads them there for every row, instead of through L1, which the slices of an SM's
+//   blocks can outgrow (float32 N=24576 3844 GB/s against 3512; _launch.py says where).
+// Limits: ceil(P / C) <= ITEMS * BLOCK, and P >= C (every block gets packs). STAGE_WB: dynamic
+// shared memory of ITEMS * BLOCK * VEC * (sizeof(TW) + sizeof(TB)) bytes, packs of w and b
+// of whole 16-byte words.
+template <typename T, typename TW, typename TB, int VEC, int ITEMS, int BLOCK, int C, int MINB,
+          bool STAGE_WB = false>
 __global__ void CUPYLN_CLUSTER(C) __launch_bounds__(BLOCK, MINB)
     ln_fwd_reg_cluster(const T* __restrict__ x, const i64 x_stride, T* __restrict__ y,
                        const TW* __restrict__ w, const TB* __restrict__ b,
@@ -201,6 +207,32 @@ __global__ void CUPYLN_CLUSTER(C) __launch_bounds__(BLOCK, MINB)
   const ColumnSlices<C, VEC> slices{N / VEC};
   const int lo = slices.start(rank), nv = slices.start(rank + 1) - lo;  // this block's slice
   const bool stats = mean != nullptr && rank == 0 && t == 0;
+  // STAGE_WB: room for ITEMS * BLOCK packs of w, then of b; each pack is copied with cp.async
+  // by the thread that reads it, which waits for its own copies before its first row's y (no
+  // barrier). wr, br and base: where the rows read w and b.
+  extern __shared__ __align__(16) unsigned char dyn_smem[];
+  TW* ws = reinterpret_cast<TW*>(dyn_smem);
+  TB* bs = reinterpret_cast<TB*>(dyn_smem + ITEMS * BLOCK * VEC * sizeof(TW));
+  const TW* __restrict__ wr = w;
+  const TB* __restrict__ br = b;
+  int base = lo * VEC;  // wr's and br's column of the slice's first element
+  if constexpr (STAGE_WB) {
+    static_assert(VEC * sizeof(TW) % 16 == 0 && VEC * sizeof(TB) % 16 == 0, "16-byte packs");
+    for (int v = t; v < nv; v += BLOCK) {
+      for (int j = 0; w != nullptr && j < VEC * int(sizeof(TW)); j += 16) {
+        copy_async<16>(reinterpret_cast<char*>(ws + v * VEC) + j,
+                       reinterpret_cast<const char*>(w + (lo + v) * VEC) + j);
+      }
+      for (int j = 0; b != nullptr && j < VEC * int(sizeof(TB)); j += 16) {
+        copy_async<16>(reinterpret_cast<char*>(bs + v * VEC) + j,
+                       reinterpret_cast<const char*>(b + (lo + v) * VEC) + j);
+      }
+    }
+    commit_copies();
+    wr = w != nullptr ? ws : nullptr;
+    br = b != nullptr ? bs : nullptr;
+    base = 0;
+  }
   exchange.start();
 
   P raw[ITEMS];  // the slice's elements as loaded
@@ -221,11 +253,13 @@ __global__ void CUPYLN_CLUSTER(C) __launch_bounds__(BLOCK, MINB)
     merge_slices(exchange.receive(), slices, N, eps, k, off, rs, stats ? mean + row : nullptr,
                  rstd + row);
     T* __restrict__ ys = y + row * N + static_cast<i64>(lo) * VEC;
+    if constexpr (STAGE_WB) wait_copies<0>(0);  // (copies pending only at the first row)
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
       const int v = i * BLOCK + t;
       if (v < nv) {
-        normalize_store<T, TW, TB, A, VEC>(raw[i], k, off, rs, w, b, (lo + v) * VEC, ys + v * VEC);
+        normalize_store<T, TW, TB, A, VEC>(raw[i], k, off, rs, wr, br, base + v * VEC,
+                                           ys + v * VEC);
       }
     }
   }
