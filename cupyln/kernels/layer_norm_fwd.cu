@@ -186,8 +186,7 @@ __global__ void __launch_bounds__(BLOCK, MINB)
 //   and reads them there for every row, instead of through L1, which the slices of an SM's
 //   blocks can outgrow (float32 N=24576 3844 GB/s against 3512; _launch.py says where).
 // Limits: ceil(P / C) <= ITEMS * BLOCK, and P >= C (every block gets packs). STAGE_WB: dynamic
-// shared memory of ITEMS * BLOCK * VEC * (sizeof(TW) + sizeof(TB)) bytes, packs of w and b
-// of whole 16-byte words.
+// shared memory of ITEMS * BLOCK * VEC * (sizeof(TW) + sizeof(TB)) bytes.
 template <typename T, typename TW, typename TB, int VEC, int ITEMS, int BLOCK, int C, int MINB,
           bool STAGE_WB = false>
 __global__ void CUPYLN_CLUSTER(C) __launch_bounds__(BLOCK, MINB)
@@ -217,16 +216,9 @@ __global__ void CUPYLN_CLUSTER(C) __launch_bounds__(BLOCK, MINB)
   const TB* __restrict__ br = b;
   int base = lo * VEC;  // wr's and br's column of the slice's first element
   if constexpr (STAGE_WB) {
-    static_assert(VEC * sizeof(TW) % 16 == 0 && VEC * sizeof(TB) % 16 == 0, "16-byte packs");
     for (int v = t; v < nv; v += BLOCK) {
-      for (int j = 0; w != nullptr && j < VEC * int(sizeof(TW)); j += 16) {
-        copy_async<16>(reinterpret_cast<char*>(ws + v * VEC) + j,
-                       reinterpret_cast<const char*>(w + (lo + v) * VEC) + j);
-      }
-      for (int j = 0; b != nullptr && j < VEC * int(sizeof(TB)); j += 16) {
-        copy_async<16>(reinterpret_cast<char*>(bs + v * VEC) + j,
-                       reinterpret_cast<const char*>(b + (lo + v) * VEC) + j);
-      }
+      if (w != nullptr) copy_pack_async<VEC * sizeof(TW)>(ws + v * VEC, w + (lo + v) * VEC);
+      if (b != nullptr) copy_pack_async<VEC * sizeof(TB)>(bs + v * VEC, b + (lo + v) * VEC);
     }
     commit_copies();
     wr = w != nullptr ? ws : nullptr;

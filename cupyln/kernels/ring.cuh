@@ -31,6 +31,18 @@ __device__ __forceinline__ void copy_async(void* dst, const void* src) {
   }
 }
 
+// One pack of BYTES (4, 8, or a multiple of 16) global -> shared, in cp.async copies of up to
+// 16 bytes.
+template <int BYTES>
+__device__ __forceinline__ void copy_pack_async(void* dst, const void* src) {
+  constexpr int CHUNK = BYTES < 16 ? BYTES : 16;
+  static_assert(CHUNK >= 4 && BYTES % CHUNK == 0, "packs of 4, 8 or 16-byte multiples");
+#pragma unroll
+  for (int j = 0; j < BYTES; j += CHUNK) {
+    copy_async<CHUNK>(static_cast<char*>(dst) + j, static_cast<const char*>(src) + j);
+  }
+}
+
 __device__ __forceinline__ void commit_copies() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 
 // Waits until at most n (0 <= n <= N) of this thread's newest copy groups are pending.
