@@ -427,7 +427,8 @@ def forward_plan(n: int, x_dtype, w_dtype, b_dtype, vec: int, smem_limit: int,
     # N=16386, 2-element vectors: 1317 GB/s against 1943; float32 N=8193: 1465 against 2455)
     split = _fwd_reg_cluster(n, vec, values, shape, max_cluster) if wide16 and not wide else None
     if split is not None:
-        cluster, items, block, minb, smem = _fwd_staged(split, vec, w_dtype, b_dtype, x_dtype)
+        got = _fwd_staged(split, vec, w_dtype, b_dtype, x_dtype, smem_limit)
+        cluster, items, block, minb, smem = got
         args = (tx, tw, tb, vec, items, block, cluster, minb, smem > 0)
         expr = _compile.template("ln_fwd_reg_cluster", *args)
         return Plan(_compile.FWD_SOURCE, expr, "reg", vec, items, block, block, 1, smem, cluster)
@@ -489,23 +490,24 @@ def _fwd_reg_cluster(n: int, vec: int, values: int, shape, max_cluster: int):
     return None
 
 
-def _fwd_staged(split, vec: int, w_dtype, b_dtype, x_dtype):
+def _fwd_staged(split, vec: int, w_dtype, b_dtype, x_dtype, smem_limit: int):
     """(blocks per cluster, items, threads, blocks per SM, dynamic shared bytes) of a forward
     register cluster ``split`` (_fwd_reg_cluster): shared bytes for w's and b's slices where
-    they fit FWD_STAGE_WB_SM at the blocks per SM of the launch bounds; float32 rows at fewer
-    blocks per SM (two or more), or over twice the blocks of half the threads (module notes);
-    else 0 (w and b read through L1)."""
+    they fit FWD_STAGE_WB_SM (or the device's ``smem_limit``, if less) at the blocks per SM of
+    the launch bounds; float32 rows at fewer blocks per SM (two or more), or over twice the
+    blocks of half the threads (module notes); else 0 (w and b read through L1)."""
     cluster, items, block = split
     minb = max(1, FWD_REG_THREADS // block)
     smem = items * block * vec * (w_dtype.itemsize + b_dtype.itemsize)
-    fits = FWD_STAGE_WB_SM // (smem + STATIC_SMEM_MARGIN)  # blocks per SM whose copies fit
+    room = min(FWD_STAGE_WB_SM, smem_limit)
+    fits = room // (smem + STATIC_SMEM_MARGIN)  # blocks per SM whose copies fit
     if fits >= minb:
         return cluster, items, block, minb, smem
     if x_dtype.itemsize == 4 and fits >= 2:
         return cluster, items, block, fits, smem
     if x_dtype.itemsize == 4 and cluster == 2 and block % 64 == 0:
         half = smem // 2
-        per_sm = min(2 * minb, FWD_STAGE_WB_SM // (half + STATIC_SMEM_MARGIN))
+        per_sm = min(2 * minb, room // (half + STATIC_SMEM_MARGIN))
         if per_sm >= 2:
             return 4, items, block // 2, per_sm, half
     return cluster, items, block, minb, 0

@@ -94,6 +94,24 @@ def _check_fwd_reg_cluster(plan, n, dtype, vec, clusters):
         assert staged or c > 2 or plan.block % 64, plan  # (else split over four blocks)
 
 
+def test_forward_cluster_copies_fit_the_device():
+    """The register clusters' copies of w and b never ask for more shared memory than the
+    device gives a block, and a device with less of it than FWD_STAGE_WB_SM (clusters with
+    99 KB a block) copies no more than that an SM; H200-sized devices keep 200 KB."""
+    small = 101376
+    for dt in (np.dtype(np.float32), np.dtype(np.float16), ref.BFLOAT16):
+        vec = 16 // dt.itemsize
+        for wdt in (dt, np.dtype(np.float32)):
+            for n in range(16384 + 1024, 262144 + 1, 1024 * vec // 4):
+                for limit in (SMEM_H100, small):
+                    p = _launch.forward_plan(n, dt, wdt, wdt, vec, limit, _launch.MAX_CLUSTER)
+                    if p.cluster == 1 or p.tier != "reg" or not p.smem:
+                        continue
+                    minb = int(p.expr[:-1].split(", ")[-2])
+                    room = min(_launch.FWD_STAGE_WB_SM, limit)
+                    assert minb * (p.smem + _launch.STATIC_SMEM_MARGIN) <= room, (n, limit, p)
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
 @pytest.mark.parametrize("smem", [SMEM_H100, SMEM_A100])
 def test_every_width_gets_a_valid_plan(dtype, smem):
