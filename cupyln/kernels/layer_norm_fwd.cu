@@ -206,19 +206,19 @@ __global__ void CUPYLN_CLUSTER(C) __launch_bounds__(BLOCK, MINB)
   const ColumnSlices<C, VEC> slices{N / VEC};
   const int lo = slices.start(rank), nv = slices.start(rank + 1) - lo;  // this block's slice
   const bool stats = mean != nullptr && rank == 0 && t == 0;
-  // STAGE_WB: room for ITEMS * BLOCK packs of w, then of b; each pack is copied with cp.async
-  // by the thread that reads it, which waits for its own copies before its first row's y (no
-  // barrier). wr, br and base: where the rows read w and b.
-  extern __shared__ __align__(16) unsigned char dyn_smem[];
-  TW* ws = reinterpret_cast<TW*>(dyn_smem);
-  TB* bs = reinterpret_cast<TB*>(dyn_smem + ITEMS * BLOCK * VEC * sizeof(TW));
+  // where the rows read w and b: wr and br, the slice's first element at column base
   const TW* __restrict__ wr = w;
   const TB* __restrict__ br = b;
-  int base = lo * VEC;  // wr's and br's column of the slice's first element
+  int base = lo * VEC;
   if constexpr (STAGE_WB) {
+    // room for ITEMS * BLOCK packs of w, then of b; each pack is copied with cp.async by the
+    // thread that reads it, which waits for its own copies before its first row's y (no barrier)
+    extern __shared__ __align__(16) unsigned char dyn_smem[];
+    TW* ws = reinterpret_cast<TW*>(dyn_smem);
+    TB* bs = reinterpret_cast<TB*>(dyn_smem + ITEMS * BLOCK * VEC * sizeof(TW));
     for (int v = t; v < nv; v += BLOCK) {
-      if (w != nullptr) copy_pack_async<VEC * sizeof(TW)>(ws + v * VEC, w + (lo + v) * VEC);
-      if (b != nullptr) copy_pack_async<VEC * sizeof(TB)>(bs + v * VEC, b + (lo + v) * VEC);
+      if (w != nullptr) copy_async<VEC * sizeof(TW)>(ws + v * VEC, w + (lo + v) * VEC);
+      if (b != nullptr) copy_async<VEC * sizeof(TB)>(bs + v * VEC, b + (lo + v) * VEC);
     }
     commit_copies();
     wr = w != nullptr ? ws : nullptr;

@@ -16,9 +16,18 @@ namespace cupyln {
 
 constexpr int RING_DEPTH = 6;  // copy groups in flight per thread, at most
 
+// One pack of BYTES global -> shared: 4, 8 or 16 bytes in one cp.async, multiples of 16 in one
+// cp.async per 16 bytes (packs of float w beside 16-bit x), 2 bytes (one 16-bit element) by an
+// ordinary load and store.
 template <int BYTES>
 __device__ __forceinline__ void copy_async(void* dst, const void* src) {
-  if constexpr (BYTES == 16 || BYTES == 8 || BYTES == 4) {
+  static_assert(BYTES == 2 || BYTES == 4 || BYTES == 8 || BYTES % 16 == 0, "pack size");
+  if constexpr (BYTES > 16) {
+#pragma unroll
+    for (int j = 0; j < BYTES; j += 16) {
+      copy_async<16>(static_cast<char*>(dst) + j, static_cast<const char*>(src) + j);
+    }
+  } else if constexpr (BYTES == 16 || BYTES == 8 || BYTES == 4) {
     const unsigned s = shared_address(dst);
     if constexpr (BYTES == 16) {
       asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(src) : "memory");
@@ -26,20 +35,8 @@ __device__ __forceinline__ void copy_async(void* dst, const void* src) {
       asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" ::"r"(s), "l"(src), "n"(BYTES)
                    : "memory");
     }
-  } else {  // 2-byte packs (one 16-bit element): an ordinary load and store
+  } else {
     *static_cast<unsigned short*>(dst) = *static_cast<const unsigned short*>(src);
-  }
-}
-
-// One pack of BYTES (4, 8, or a multiple of 16) global -> shared, in cp.async copies of up to
-// 16 bytes.
-template <int BYTES>
-__device__ __forceinline__ void copy_pack_async(void* dst, const void* src) {
-  constexpr int CHUNK = BYTES < 16 ? BYTES : 16;
-  static_assert(CHUNK >= 4 && BYTES % CHUNK == 0, "packs of 4, 8 or 16-byte multiples");
-#pragma unroll
-  for (int j = 0; j < BYTES; j += CHUNK) {
-    copy_async<CHUNK>(static_cast<char*>(dst) + j, static_cast<const char*>(src) + j);
   }
 }
 
