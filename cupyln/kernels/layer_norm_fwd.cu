@@ -185,6 +185,8 @@ __global__ void __launch_bounds__(BLOCK, MINB)
 //   STAGE_WB: each block copies its slice's columns of w and b into dynamic shared memory once
 //   and reads them there for every row, instead of through L1, which the slices of an SM's
 //   blocks can outgrow (float32 N=24576 3844 GB/s against 3512; _launch.py says where).
+//   Two rows a thread at a time, w and b read once for both at half the vectors a row, measured
+//   slower (bf16 N=65536 over 4 blocks of 512: 2603 GB/s against 3399; BENCHMARKS.md).
 // Limits: ceil(P / C) <= ITEMS * BLOCK, and P >= C (every block gets packs). STAGE_WB: dynamic
 // shared memory of ITEMS * BLOCK * VEC * (sizeof(TW) + sizeof(TB)) bytes.
 template <typename T, typename TW, typename TB, int VEC, int ITEMS, int BLOCK, int C, int MINB,
