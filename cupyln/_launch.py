@@ -427,8 +427,9 @@ def forward_plan(n: int, x_dtype, w_dtype, b_dtype, vec: int, smem_limit: int,
     # N=16386, 2-element vectors: 1317 GB/s against 1943; float32 N=8193: 1465 against 2455)
     split = _fwd_reg_cluster(n, vec, values, shape, max_cluster) if wide16 and not wide else None
     if split is not None:
-        got = _fwd_staged(split, vec, w_dtype, b_dtype, x_dtype, smem_limit)
-        cluster, items, block, minb, smem = got
+        cluster, items, block, minb, smem = _fwd_staged(
+            split, vec, w_dtype, b_dtype, x_dtype, smem_limit
+        )
         args = (tx, tw, tb, vec, items, block, cluster, minb, smem > 0)
         expr = _compile.template("ln_fwd_reg_cluster", *args)
         return Plan(_compile.FWD_SOURCE, expr, "reg", vec, items, block, block, 1, smem, cluster)
