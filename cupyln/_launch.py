@@ -128,7 +128,7 @@ import math
 from dataclasses import dataclass
 
 from . import _compile
-from ._dtypes import BFLOAT16, acc_dtype, ctype
+from ._dtypes import acc_dtype, ctype
 
 FWD_REG_ITEMS = 8  # forward: vectors of the row a thread keeps (128 bytes in 16-byte vectors)
 FWD_REG_ITEMS_SHORT = 4  # ...in launches of fewer than FWD_SHORT_WAVES waves at FWD_REG_ITEMS
@@ -176,8 +176,11 @@ BWD_LONE_ITEMS = 4
 # thread-block cluster (sm_90, ln_bwd_reg_cluster) of the fewest blocks of at most
 # BWD_REG_CLUSTER_BLOCK threads, up to BWD_REG_CLUSTER_MAX blocks (_bwd_reg_cluster has the
 # measurements).
-BWD_REG_CLUSTER_BLOCK = 512
+BWD_REG_CLUSTER_BLOCK = 256
+BWD_REG_CLUSTER_LEAST = 128
+BWD_REG_CLUSTER_ITEMS = 4
 BWD_REG_CLUSTER_MAX = 8
+BWD_REG_CLUSTER_THREADS = 512  # threads an SM its launch bounds ask for (LagBlocks)
 BWD_MIN_STEPS = 8  # groups of rows each backward block walks at least (backward_grid)...
 # ...unless its SM would have fewer threads than these: (threads an SM, least steps a block)
 BWD_FILL = ((512, 3), (256, 1))
@@ -586,33 +589,33 @@ def _bwd_ring_shape(n: int, vec: int, itemsize: int, values: int, share: int, ma
     return None
 
 
-def _bwd_reg_cluster(n: int, vec: int, values: int, max_cluster: int):
+def _bwd_reg_cluster(n: int, vec: int, max_cluster: int):
     """(blocks per cluster, (tpr, items, block)) of the backward's register tier for rows no
     block holds, split over a thread-block cluster, a block per column slice: the fewest blocks
-    (up to ``max_cluster``) of at most BWD_REG_CLUSTER_BLOCK threads (the dw/db sums in
-    registers below BWD_SHARED_SUMS_BLOCK threads, in shared memory from there); None when none
-    holds the row. H200, M*N = 2**27, bf16 / fp16 GB/s against the staged cluster tier, in two
-    runs (the second on the final code, `cupyln bench`): N=20480 (4 x 320) 3143 / 3149 and
-    2348 / 2330 against 1945 / 1914; 24576 (4 x 384) 2928 / 2639 and 2531 / 2536 against 2363
-    / 2301; 32768 (8 x 256) 2846 / 2556 and 2519 / 2551 against 2302 / 2280; 49152 (8 x 384)
-    2892 / 2621 and 2479 / 2436 against 2172 / 2110; 65536 (8 x 512) 2475 / 2522 and 2679 /
-    2690 against 2165 / 2109. Blocks of up to 512 threads (4 x 448 and 4 x 512, sums in shared
-    memory) instead of 384 (8 x 256, in registers) at N=24584-32768, one process, best of 3:
-    26624 2409 / 2400 against 2281 / 2318, 28672 2484 / 2487 against 2450 / 2456, 32768 2723 /
-    2739 against 2655 / 2605 (a second run: 2716 / 2720 against 2567 / 2582). Up to 768 (2 or 4
-    blocks of 576-768 threads) was uneven: N=20480 2517 against 2381, 40960 2301 / 2201, but
-    18432 2169 / 2298, 22528 2343 / 2562, 36864 1993 / 2129, 45056 2202 / 2480. Rows one block
-    holds stay in it: split in two blocks they measured 12-18% ahead in the first run (N=10240,
-    12288) and 5-18% behind in the second; in two or four blocks 3-19% behind in a third
-    (N=10240-16384), where both methods of measuring agreed, so the first run's machine was the
-    outlier. The first run's speeds came back with the mbarrier exchange (kernels/cluster.cuh
-    Sync), which the blocks of up to 448 threads take (`cupyln bench`, bf16 / fp16): N=20480
-    3160 / 3138, 24576 2929 / 2769, 40960 2989 / 2996, 49152 2866 / 2738; the blocks of 512
-    threads (64 registers) keep the cluster barrier: 32768 2761 / 2729, 65536 2738 / 2711."""
+    (2, 4 or 8, up to ``max_cluster``) of BWD_REG_CLUSTER_ITEMS vectors a thread in at most
+    BWD_REG_CLUSTER_BLOCK threads (in steps of a warp, at least BWD_REG_CLUSTER_LEAST); None
+    when none holds the row. Each block holds two rows (ln_bwd_reg_cluster overlaps a row's
+    wait for the cluster's sums with the next row's first pass) at 512 threads an SM. H200,
+    M*N = 2**27, one process, best of 3, GB/s against the clusters before, the fewest blocks of
+    up to 512 threads of 2 vectors that waited for each row's sums (copy 4225): bf16 N=18432
+    (4 x 160) 3201 / 3069, 20480 (4 x 160) 3470 / 3250, 24576 (4 x 192) 3230 / 3196, 32768 (4 x
+    256) 3637 / 3077, 40960 (8 x 160) 3401 / 3132, 49152 (8 x 192) 3261 / 3205, 57344 (8 x 224)
+    3142 / 3110, 65536 (8 x 256) 3620 / 3131; fp16 3369 / 3052, 3645 / 3206, 3211 / 3036, 3536 /
+    3189, 3564 / 3067, 3444 / 3006, 3247 / 3149, 3559 / 3192. Clusters of 3, 5, 6 and 7 blocks
+    of 256 threads measured ahead at some widths (bf16 24576 over 3: 3386 against 3160 for the
+    clusters before) and behind at others (20480 over 3: 3025 / 3241; 40960 over 5: 3013 /
+    3128), so the clusters keep to powers of two. Two blocks of 256 at N=16384 measured 3365
+    against 3776 for the lone block of 512 threads that holds the row."""
     cluster = 2
     while cluster <= max_cluster:
-        got = _reg_shape(_slice_packs(n, vec, cluster) * vec, vec, values, BWD_REG_CLUSTER_BLOCK)
-        if got is not None and got[0] == got[2] >= BWD_REG_AHEAD_BLOCK:
+        got = _reg_shape(
+            _slice_packs(n, vec, cluster) * vec,
+            vec,
+            BWD_REG_CLUSTER_ITEMS * vec,
+            BWD_REG_CLUSTER_BLOCK,
+            32,
+        )
+        if got is not None and got[0] == got[2] >= BWD_REG_CLUSTER_LEAST:
             return cluster, got
         cluster *= 2
     return None
@@ -702,31 +705,29 @@ def backward_plan(n: int, x_dtype, w_dtype, vec: int, smem_limit: int,
     # 16-bit rows in 16-byte packs (narrower packs, more of them, spill under the bounds)
     packs16 = x_dtype.itemsize == 2 and vec == 8
 
-    def reg_smem(block, items, shared, staged=False, tpr=None):
+    def reg_smem(block, items, shared, staged=False, tpr=None, ahead=None):
         """Dynamic shared memory: x and dy of the next row (AHEAD), the dw/db sums (shared), w
         (staged: one copy a block, a row's worth of ``tpr`` threads)."""
         values = block * items * vec
         smem = 2 * values * acc_dtype(x_dtype).itemsize if shared else 0
-        if block >= BWD_REG_AHEAD_BLOCK:
+        if block >= BWD_REG_AHEAD_BLOCK if ahead is None else ahead:
             smem += 2 * values * x_dtype.itemsize
         w_values = (tpr or block) * items * vec
         return smem + (w_values * w_dtype.itemsize if staged else 0)
 
-    def stage_w(block, items, shared, cluster=1):
+    def stage_w(block, items, shared, threads=None):
         """Whether the block copies its columns of w into shared memory once (STAGE_W): 16-bit
-        register rows with w of x's dtype (in a cluster with the sums in registers, bf16 only);
-        blocks that copy the next row ahead where the SM still holds as many of them."""
+        register rows with w of x's dtype; blocks that copy the next row ahead where the SM
+        still holds as many of them as ``threads`` an SM (the launch bounds') allow."""
         if not packs16 or w_dtype != x_dtype:
             return False
         if block < BWD_REG_AHEAD_BLOCK:
             return True
-        if cluster > 1 and not shared and x_dtype != BFLOAT16:
-            return False
 
         def held(staged):  # blocks the SM's shared memory holds
             return smem_limit // (reg_smem(block, items, shared, staged) + STATIC_SMEM_MARGIN)
 
-        threads = BWD_SHARED_SUMS_THREADS if shared else BWD_REG_THREADS
+        threads = threads or (BWD_SHARED_SUMS_THREADS if shared else BWD_REG_THREADS)
         return held(True) >= min(held(False), max(1, threads // block))
 
     def block_smem(block, items, shared):
@@ -750,14 +751,13 @@ def backward_plan(n: int, x_dtype, w_dtype, vec: int, smem_limit: int,
             if wide[2] > BWD_LONE_FROM and lone_fits:
                 shape = lone
         elif wide is None:  # no block holds the row: a cluster of register blocks (sm_90)
-            split = _bwd_reg_cluster(n, vec, values, min(max_cluster, BWD_REG_CLUSTER_MAX))
+            split = _bwd_reg_cluster(n, vec, min(max_cluster, BWD_REG_CLUSTER_MAX))
             if split is not None:
-                cluster, slice_shape = split
-                (_, items, block), shared = shared_sums(slice_shape)
-                staged = stage_w(block, items, shared, cluster)
-                args = (tx, tw, vec, items, block, shared, cluster, staged)
+                cluster, (_, items, block) = split
+                staged = stage_w(block, items, True, BWD_REG_CLUSTER_THREADS)
+                args = (tx, tw, vec, items, block, cluster, staged)
                 expr = _compile.template("ln_bwd_reg_cluster", *args)
-                smem = reg_smem(block, items, shared, staged)
+                smem = reg_smem(block, items, True, staged, ahead=True)
                 source = _compile.BWD_SOURCE
                 return Plan(source, expr, "reg", vec, items, block, block, 1, smem, cluster)
     if shape is not None:

@@ -224,23 +224,25 @@ def test_every_width_gets_a_valid_plan(dtype, smem):
 
 def _check_bwd_reg_cluster(plan, n, dtype, smem):
     """A backward row over a cluster of register blocks (sm_90): 16-bit rows in 16-byte packs
-    that no block holds, over the fewest blocks; the slices cover the row."""
+    that no block holds, over the fewest blocks (2, 4 or 8) of BWD_REG_CLUSTER_ITEMS vectors a
+    thread, each of the fewest threads in steps of a warp; the slices cover the row."""
     c, vec, block = plan.cluster, plan.vec, plan.block
-    assert dtype.itemsize == 2 and vec == 8 and 1 < c <= CLUSTERS[smem] and smem == SMEM_H100
-    assert plan.tpr == block and plan.rows == 1 and plan.items == 2 and 256 <= block <= 512
-    slots = block * plan.items * vec
+    items = _launch.BWD_REG_CLUSTER_ITEMS
+    assert dtype.itemsize == 2 and vec == 8 and c in (2, 4, 8) and c <= CLUSTERS[smem], plan
+    assert smem == SMEM_H100
+    assert plan.tpr == block and plan.rows == 1 and plan.items == items
+    assert _launch.BWD_REG_CLUSTER_LEAST <= block <= _launch.BWD_REG_CLUSTER_BLOCK, plan
+    slots = block * items * vec
     assert n <= c * slots, plan  # the slices cover the row (odd widths may leave the last empty)
-    assert n > 1024 * plan.items * vec  # no block holds it
-    small = _launch.BWD_REG_CLUSTER_BLOCK * plan.items * vec
-    assert block <= _launch.BWD_REG_CLUSTER_BLOCK, plan
-    assert c == 2 or n > (c // 2) * small, plan  # the fewest blocks
-    shared = block >= _launch.BWD_SHARED_SUMS_BLOCK
+    assert n > _launch.BWD_SHARED_SUMS_BLOCK_MAX * _launch.BWD_REG_VALUES  # no block holds it
+    widest = _launch.BWD_REG_CLUSTER_BLOCK * items * vec
+    assert c == 2 or n > (c // 2) * widest, plan  # the fewest blocks
+    assert block == _launch.BWD_REG_CLUSTER_LEAST or n > c * (block - 32) * items * vec, plan
     t = "cupyln::" + ("bf16_t" if dtype.name == "bfloat16" else "half_t")
-    staged = shared or dtype.name == "bfloat16"  # w staged: with the sums shared, or bf16
-    args = (t, t, vec, plan.items, block, shared, c, staged)
+    args = (t, t, vec, items, block, c, True)  # w of x's dtype: staged
     assert plan.expr == _compile.template("ln_bwd_reg_cluster", *args), plan
-    sums = 2 * slots * 4 if shared else 0
-    assert plan.smem == (3 if staged else 2) * slots * dtype.itemsize + sums, plan
+    # the next row's x and dy, the dw/db sums (float32) and w
+    assert plan.smem == 3 * slots * dtype.itemsize + 2 * slots * 4, plan
 
 
 def test_small_backward_blocks_fill_their_slots():
@@ -399,22 +401,21 @@ def test_tiers_by_width():
         assert (p.tier, p.tpr, p.block, p.items) == ("reg", block, block, 2), (n, p)
         flags = f"true, {str(shared).lower()}, true"  # (w staged)
         assert p.expr.endswith(f", {block}, {block}, {flags}>"), (n, p)
-    # on sm_90, such 16-bit rows past one block split over the fewest blocks of at most 512
-    # threads (register clusters; the sums in registers below BWD_SHARED_SUMS_BLOCK threads);
+    # on sm_90, such 16-bit rows past one block split over the fewest blocks (2, 4 or 8) of at
+    # most 256 threads of 4 vectors, in steps of a warp (register clusters, two rows a block);
     # rows one block holds stay in it
-    for n, cluster, block, shared in (
-        (16392, 4, 320, False),
-        (24576, 4, 384, False),
-        (28672, 4, 448, True),
-        (32768, 4, 512, True),
-        (40960, 8, 320, False),
-        (49152, 8, 384, False),
-        (65536, 8, 512, True),
+    for n, cluster, block in (
+        (16392, 4, 160),
+        (24576, 4, 192),
+        (28672, 4, 224),
+        (32768, 4, 256),
+        (40960, 8, 160),
+        (49152, 8, 192),
+        (65536, 8, 256),
     ):
         p = _launch.backward_plan(n, bf16, bf16, 8, SMEM_H100, h100)
-        assert (p.tier, p.cluster, p.block) == ("reg", cluster, block), (n, p)
-        flags = f"{str(shared).lower()}, {cluster}, true"  # (bf16: w staged)
-        assert p.expr.endswith(f", {block}, {flags}>"), (n, p)
+        assert (p.tier, p.cluster, p.block, p.items) == ("reg", cluster, block, 4), (n, p)
+        assert p.expr.endswith(f", 4, {block}, {cluster}, true>"), (n, p)  # (w staged)
     for n, dt, vec, cluster in (
         (98304, bf16, 8, 8),
         (32768, bf16, 4, 2),

@@ -61,14 +61,6 @@ __device__ __forceinline__ void cluster_wait() {
   __trap();
 #endif
 }
-// The arrive without release: no order for this thread's earlier memory operations.
-__device__ __forceinline__ void cluster_arrive_relaxed() {
-#if CUPYLN_CLUSTERS
-  asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
-#else
-  __trap();
-#endif
-}
 __device__ __forceinline__ void cluster_sync() {
   cluster_arrive();
   cluster_wait();
@@ -114,67 +106,65 @@ __device__ __forceinline__ void store_remote(const unsigned dst, const A v, cons
 //   kBarrier: plain stores into the other blocks' shared memory, then the cluster barrier (its
 //   arrive releases, its wait acquires). The release orders all of the thread's earlier memory
 //   operations, the row's global stores among them.
-//   kBarrierSenders: the same barrier, but only the threads that wrote into other blocks order
-//   their earlier memory operations (fence.acq_rel.cluster after their stores), and every
-//   thread arrives relaxed: the others no longer wait at the arrive until their own earlier
-//   global stores (the row's dx) are visible.
 //   kAsync, kAsyncCluster: st.async stores, each counting its bytes on an mbarrier of the
 //   receiving block, which waits on that mbarrier alone, acquiring at CTA or cluster scope: no
 //   cluster barrier and no release on a row's path.
-//   The forward's register clusters take kAsyncCluster; the backward's take kAsync, except where
-//   the launch bounds hold a thread to 64 registers (blocks of 512 with the sums in shared memory),
-//   which take kBarrierSenders; the staging clusters kBarrier. H200, M*N = 2**27, one process, best
-//   of 3, GB/s against kBarrier: forward bf16 N=65536 (2 x 512) 3372 against 3263, fp16 3402 /
-//   3249, float32 3469 / 3433, bf16 49152 (2 x 384) 3143 / 3064, 131072 (4 x 512) 3151 / 3059
-//   (kAsync there: 3293, 3229, 3297, 3223, 2939); backward bf16 N=20480 (4 x 320) 3150 / 2339,
-//   24576 (4 x 384) 2933 / 2571, 28672 (4 x 448) 2850 / 2472, 40960 (8 x 320) 3013 / 2190
-//   (kAsyncCluster: 2624, 2454, 2758, 2544). Not taken: kAsync in the 64-register backward blocks
-//   (bf16 N=32768 2599 against 2702, 65536 2607 / 2683; not profiled, no spills) and in the staging
-//   clusters (float32 backward N=32768 3021 against 2834, but 65536 2545 / 2648, float64 forward
-//   65536 2572 / 2873). With the barrier's arrive relaxed (no release: wrong sums) the forward
-//   reached 3382 at bf16 N=65536 and the backward 2852 at 32768; kBarrierSenders in the 64-register
-//   backward, best of 5: bf16 N=32768 3070 against 3016, 65536 3133 / 3087, fp16 32768 3183 / 3085,
-//   65536 3184 / 3120, bf16 M=1024 N=32768 2508 / 2464.
-enum class Sync { kBarrier, kBarrierSenders, kAsync, kAsyncCluster };
+//   The forward's register clusters take kAsyncCluster; the backward's kAsync, with three slots
+//   (a row's sums sent before the previous row's are received); the staging clusters kBarrier.
+//   H200, M*N = 2**27, one process, best of 3, GB/s against kBarrier: forward bf16 N=65536
+//   (2 x 512) 3372 against 3263, fp16 3402 / 3249, float32 3469 / 3433, bf16 49152 (2 x 384)
+//   3143 / 3064, 131072 (4 x 512) 3151 / 3059 (kAsync there: 3293, 3229, 3297, 3223, 2939);
+//   backward bf16 N=20480 (4 x 320) 3150 / 2339, 24576 (4 x 384) 2933 / 2571, 28672 (4 x 448)
+//   2850 / 2472, 40960 (8 x 320) 3013 / 2190 (kAsyncCluster: 2624, 2454, 2758, 2544), in the
+//   clusters before the rows overlapped. Not taken: kAsync in the staging clusters (float32
+//   backward N=32768 3021 against 2834, but 65536 2545 / 2648, float64 forward 65536 2572 /
+//   2873). With the barrier's arrive relaxed (no release: wrong sums) the forward reached 3382 at
+//   bf16 N=65536.
+enum class Sync { kBarrier, kAsync, kAsyncCluster };
 
 // W values from each of the C blocks of a cluster to every block, once a row: send() gives
 // this block's values (block-wide: the same in every thread) to every block (thread p < C
 // writes them into block p), and the next receive() waits for the C blocks' values of that
 // exchange and returns them, block p's at [p * W, (p + 1) * W), which the caller combines in
 // rank order so every block gets bitwise the same result. Work between the two overlaps the
-// exchange. Exchanges alternate between the two halves of the slots: the n-th uses half n % 2.
-//   kBarrier*: a block writes a half again only after the wait of the next exchange, which no
-// block passes before every thread of every block has read that half (its reads precede its
-// next arrive; kBarrierSenders' relaxed arrive does not order them, but their values feed the
-// row's stores and the caller's block barrier before its next send).
-//   kAsync*: thread 0 of each block arrives on the half's mbarrier expecting C * W values, and
-// the half's phase (parity n / 2 % 2) completes when all C blocks' values are in. A block
-// writes a half again (exchange n + 2) only after it received exchange n + 1, which no block
-// sends before its threads have read exchange n: the caller puts a barrier of its block
-// (__syncthreads, as in a block-wide sum) between its reads of a receive() and its next send().
+// exchange. Exchanges take the SLOTS parts of the slots in turn: the n-th uses part n % SLOTS.
+//   kBarrier: two parts, a receive() between two send()s. A block writes a part again only
+// after the wait of the next exchange, which no block passes before every thread of every
+// block has read that part (its reads precede its next arrive).
+//   kAsync*: thread 0 of each block arrives on the part's mbarrier expecting C * W values, and
+// the part's phase (parity n / SLOTS % 2) completes when all C blocks' values are in. The
+// caller puts a barrier of its block (__syncthreads, as in a block-wide sum) between its reads
+// of a receive() and its next send(). With two parts a receive() comes between two send()s: a
+// block writes a part again (exchange n + 2) only after it received exchange n + 1, which no
+// block sends before its threads have read exchange n. With three, a block may send exchange
+// n + 1 before it receives exchange n, and sends exchange n + 2 only after that receive: a
+// block writes a part again (exchange n + 3) after it received exchange n + 2, which no block
+// sends before its threads have read exchange n.
 // Every thread of every block of the cluster makes the same calls; start() once before the
 // first send (it is the kernel's first cluster barrier: every block runs before DSMEM is used).
-template <int C, typename A, int W, Sync S = Sync::kBarrier>
+template <int C, typename A, int W, Sync S = Sync::kBarrier, int SLOTS = 2>
 struct ClusterExchange {
   static_assert(sizeof(A) == 4 || sizeof(A) == 8, "float or double");
-  static constexpr bool kBarrierLike = S == Sync::kBarrier || S == Sync::kBarrierSenders;
-  A* slots;        // 2 * C * W values of __shared__ memory at the same offset in every block
-  unsigned n = 0;  // exchanges received
+  static constexpr bool kByBarrier = S == Sync::kBarrier;
+  static_assert(SLOTS == 2 || (SLOTS == 3 && !kByBarrier), "three slots: mbarriers only");
+  A* slots;           // SLOTS * C * W values of __shared__ memory at one offset in every block
+  unsigned n = 0;     // exchanges received
+  unsigned sent = 0;  // exchanges sent (SLOTS = 3)
 
-  // kAsync*: the two halves' mbarriers, __shared__ memory of their own. Kept in one struct with
+  // kAsync*: the parts' mbarriers, __shared__ memory of their own. Kept in one struct with
   // the slots (which every mode declares), they made the kBarrier kernels that stage rows in
   // dynamic shared memory 8-17% slower (bf16 backward N=32768 2503 GB/s against 2721, float64
   // 2423 / 2928; not profiled), so a kernel declares nothing for them.
   __device__ __forceinline__ static unsigned long long* bars() {
-    __shared__ unsigned long long bar[2];
+    __shared__ unsigned long long bar[SLOTS];
     return bar;
   }
 
   __device__ __forceinline__ void start() {
 #if CUPYLN_CLUSTERS
-    if (!kBarrierLike && threadIdx.x == 0) {
+    if (!kByBarrier && threadIdx.x == 0) {
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {  // one arrival a phase: thread 0's
+      for (int h = 0; h < SLOTS; ++h) {  // one arrival a phase: thread 0's
         asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(shared_address(&bars()[h]))
                      : "memory");
       }
@@ -186,8 +176,9 @@ struct ClusterExchange {
 
   __device__ __forceinline__ void send(const A (&v)[W]) {
 #if CUPYLN_CLUSTERS
-    const int h = n & 1;
-    if (!kBarrierLike && threadIdx.x == 0) {
+    const int h = (SLOTS == 2 ? n : sent) % SLOTS;  // (two slots: a receive between sends)
+    if constexpr (SLOTS != 2) ++sent;
+    if (!kByBarrier && threadIdx.x == 0) {
       asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(
                        shared_address(&bars()[h])),
                    "r"(static_cast<unsigned>(C * W * sizeof(A)))
@@ -195,30 +186,26 @@ struct ClusterExchange {
     }
     if (threadIdx.x < C) {  // thread p writes to block p
       const unsigned p = threadIdx.x, r = cluster_rank();
-      const unsigned bar = !kBarrierLike ? remote_address(&bars()[h], p) : 0;
+      const unsigned bar = !kByBarrier ? remote_address(&bars()[h], p) : 0;
 #pragma unroll
       for (int j = 0; j < W; ++j) {
         const unsigned dst = remote_address(slots + (h * C + r) * W + j, p);
-        store_remote<!kBarrierLike>(dst, v[j], bar);
-      }
-      if constexpr (S == Sync::kBarrierSenders) {  // the stores before the (relaxed) arrive
-        asm volatile("fence.acq_rel.cluster;" ::: "memory");
+        store_remote<!kByBarrier>(dst, v[j], bar);
       }
     }
     if constexpr (S == Sync::kBarrier) cluster_arrive();
-    if constexpr (S == Sync::kBarrierSenders) cluster_arrive_relaxed();
 #else
     __trap();
 #endif
   }
 
   __device__ __forceinline__ const A* receive() {
-    const int h = n & 1;
+    const int h = n % SLOTS;
 #if CUPYLN_CLUSTERS
-    if constexpr (kBarrierLike) {
+    if constexpr (kByBarrier) {
       cluster_wait();
     } else {
-      const unsigned bar = shared_address(&bars()[h]), parity = (n >> 1) & 1;
+      const unsigned bar = shared_address(&bars()[h]), parity = (n / SLOTS) & 1;
       unsigned done = 0;
       do {
         if constexpr (S == Sync::kAsync) {

@@ -44,6 +44,15 @@ struct BwdRegBlocks {
   static constexpr int value = by_smem < 1 ? 1 : by_smem < by_threads ? by_smem : by_threads;
 };
 
+// Blocks of ln_bwd_reg_cluster asked to fit one SM: 512 threads an SM (128 registers a thread
+// for two rows of x and dy) in blocks of up to 256 threads (bf16 N=18432 and 40960: 4 and 8
+// blocks of 160 threads, three an SM; 32768 and 65536: 4 and 8 of 256, two an SM); one larger
+// block.
+template <int BLOCK>
+struct LagBlocks {
+  static constexpr int value = BLOCK <= 256 ? 512 / BLOCK : 1;
+};
+
 // f(i, pack i of x's row xr, pack i of dy's row gr) for each vector slot i of the thread at
 // `lane` of its row's TPR threads that the row of N elements has (ln_bwd_reg's layout).
 template <int ITEMS, int TPR, int VEC, typename T, typename F>
@@ -92,14 +101,25 @@ __device__ __forceinline__ void row_packs(const T* __restrict__ xr, const T* __r
 //   row a cluster: block k holds the columns [k*S, (k+1)*S) of each row (S = BLOCK * ITEMS *
 //   VEC; the last block's slice may be shorter, or empty), the cluster walks rows q, q + Q, ...
 //   (q of Q clusters), the blocks add their row sums through distributed shared memory in rank
-//   order (ClusterExchange; the next row's copies are issued while they wait for each other),
-//   and each block writes its slice of partial row q. Its stores are whole 16-byte words
-//   (store_pack's WHOLE: the compiler split them into 2-byte stores).
+//   order (ClusterExchange), and each block writes its slice of partial row q. Its stores are
+//   whole 16-byte words (store_pack's WHOLE: the compiler split them into 2-byte stores).
+//   A cluster's rows overlap (LAG): a block holds two rows in registers, and sends the next
+//   row's sums before it waits for this row's and writes its dx, so the wait for the cluster's
+//   slowest block overlaps a row's first pass. Rows alternate between the two register sets,
+//   and the exchanges go through three slots (one outstanding). The launch bounds ask for 512
+//   threads an SM (LagBlocks: 128 registers a thread for two rows of 4 packs of x and dy).
+//   H200, M*N = 2**27, one process, best of 3, GB/s, against the blocks of up to 512 threads of
+//   2 packs that waited for each row's sums before the next row: bf16 N=18432 3201 / 3069,
+//   20480 3470 / 3250, 24576 3230 / 3196, 32768 3637 / 3077, 40960 3401 / 3132, 49152 3261 /
+//   3205, 57344 3142 / 3110, 65536 3620 / 3131; fp16 18432 3369 / 3052, 20480 3645 / 3206,
+//   24576 3211 / 3036, 32768 3536 / 3189, 40960 3564 / 3067, 49152 3444 / 3006, 57344 3247 /
+//   3149, 65536 3559 / 3192 (copy 4225). The same blocks at one an SM without the overlap
+//   measured 2505 at bf16 32768, with it 3185: the overlap is what covers the wait.
 // Limits: N <= C * TPR * ITEMS * VEC; 2 * ITEMS * VEC registers of A for the accumulators
 // (none with SHARED_SUMS) and up to as many for data (launcher: ITEMS * VEC <= 16, or 32 in a
-// lone block with SHARED_SUMS); AHEAD needs packs of 4, 8 or 16 bytes; C > 1 needs AHEAD, a
-// block per row and 16-byte packs; row groups of more than a warp: at most 15 a block (named
-// barriers 1-15).
+// lone block with SHARED_SUMS, or in a cluster, whose blocks hold two rows); AHEAD needs packs
+// of 4, 8 or 16 bytes; C > 1 needs AHEAD, SHARED_SUMS, a block per row and 16-byte packs; row
+// groups of more than a warp: at most 15 a block (named barriers 1-15).
 template <typename T, typename TW, int VEC, int ITEMS, int TPR, int BLOCK, bool AHEAD,
           bool SHARED_SUMS, int C, bool STAGE_W>
 __device__ __forceinline__ void bwd_reg_rows(
@@ -114,13 +134,13 @@ __device__ __forceinline__ void bwd_reg_rows(
   static_assert(BLOCK % 32 == 0 && BLOCK % TPR == 0 && BLOCK <= 1024, "bad block");
   constexpr int ROWS = BLOCK / TPR;
   constexpr int SLOTS = TPR * ITEMS * VEC;  // padded row length owned by one row group
-  static_assert(C == 1 || (AHEAD && ROWS == 1 && C <= 32), "a cluster: a block per row, AHEAD");
+  static_assert(C == 1 || (AHEAD && SHARED_SUMS && ROWS == 1 && C <= 32),
+                "a cluster: a block per row, AHEAD, the sums in shared memory");
+  constexpr bool LAG = C > 1;  // a cluster's rows overlap
   __shared__ A reds[TPR > 32 ? 2 * BLOCK / 32 : 1];  // group_sum2's, a part per row group
   A* const red = reds + (TPR > 32 && ROWS > 1 ? threadIdx.x / TPR * 2 * (TPR / 32) : 0);
-  // (the 64-register variants keep the cluster barrier: cluster.cuh Sync)
   typedef BwdRegBlocks<T, ITEMS, VEC, TPR, BLOCK, SHARED_SUMS, STAGE_W> Blocks;
-  constexpr bool capped = Blocks::value * BLOCK >= 1024;
-  ClusterExchange<C, A, 2, capped ? Sync::kBarrierSenders : Sync::kAsync> exchange{xch};
+  ClusterExchange<C, A, 2, Sync::kAsync, 3> exchange{xch};
 
   const int lane = threadIdx.x % TPR;
   const A inv_n = A(1) / A(N);
@@ -139,15 +159,17 @@ __device__ __forceinline__ void bwd_reg_rows(
     for (int k = 0; k < VEC; ++k) dw_acc[i][k] = db_acc[i][k] = 0;
   }
 
-  P rx[ITEMS], rg[ITEMS];  // the row's x and dy as loaded
-  A mu_f = 0, r_f = 0;     // and its statistics
+  // the row's x and dy as loaded, and its statistics (LAG: two rows', set s of two)
+  constexpr int SETS = LAG ? 2 : 1;
+  P rx[SETS][ITEMS], rg[SETS][ITEMS];
+  A mu_s[SETS], r_s[SETS];
   auto fetch = [&](const i64 r) {
-    mu_f = mean[r];
-    r_f = rstd[r];
+    mu_s[0] = mean[r];
+    r_s[0] = rstd[r];
     row_packs<ITEMS, TPR, VEC>(x + r * x_stride + lo, dy + r * dy_stride + lo, lane, n,
                                [&](const int i, const T* xp, const T* gp) {
-      rx[i] = *reinterpret_cast<const P*>(xp);
-      rg[i] = *reinterpret_cast<const P*>(gp);
+      rx[0][i] = *reinterpret_cast<const P*>(xp);
+      rg[0][i] = *reinterpret_cast<const P*>(gp);
     });
   };
 
@@ -206,65 +228,59 @@ __device__ __forceinline__ void bwd_reg_rows(
     commit_copies();
   };
 
-  i64 row = static_cast<i64>(q) * ROWS + threadIdx.x / TPR;
-  if constexpr (AHEAD) prefetch(row);
-  if constexpr (C > 1) exchange.start();
-  for (; row < M; row += step) {
-    if constexpr (AHEAD) {
-      wait_copies<0>(0);
-      mu_f = mu_next;
-      r_f = r_next;
+  auto take = [&](const int s) {  // the row copied ahead, into register set s
+    wait_copies<0>(0);
+    mu_s[s] = mu_next;
+    r_s[s] = r_next;
 #pragma unroll
-      for (int i = 0; i < ITEMS; ++i) {
-        if ((i * TPR + lane) * VEC < n) {
-          rx[i] = sx[i * TPR];
-          rg[i] = sg[i * TPR];
-        }
+    for (int i = 0; i < ITEMS; ++i) {
+      if ((i * TPR + lane) * VEC < n) {
+        rx[s][i] = sx[i * TPR];
+        rg[s][i] = sg[i * TPR];
       }
-    } else {
-      fetch(row);
     }
-    const A mu = mu_f, r = r_f;
-    // xhat, dy and g = dy * w of the pack at col, slot i, widened from the packs as loaded (half
-    // the registers of float copies for 16-bit T). Where the launch bounds ask for several
-    // blocks per SM, the second pass widens them again and reloads w (from L1); with one block
-    // per SM it keeps g from the first (KEEP_G: bf16 N=8192, 512 threads, 2811 GB/s against
-    // 2645 reloading on H200).
-    auto xhat = [&](const int i, const int k) {
-      return (widen_at<A>(rx[i], k) - mu) * r;
-    };
-    auto widen_xd = [&](const int i, A (&xh)[VEC], A (&d)[VEC]) {
-#pragma unroll
-      for (int k = 0; k < VEC; ++k) {
-        xh[k] = xhat(i, k);
-        d[k] = widen_at<A>(rg[i], k);
-      }
-    };
-    auto times_w = [&](const int i, const int col, const A (&d)[VEC], A (&g)[VEC]) {
-      if (w != nullptr) {
-        if constexpr (STAGE_W) {
-          load_pack<A, TW, VEC>(reinterpret_cast<const TW*>(ws + i * TPR), g);
-        } else {
-          load_pack<A, TW, VEC>(w + lo + col, g);
-        }
-      }
-#pragma unroll
-      for (int k = 0; k < VEC; ++k) g[k] = w != nullptr ? d[k] * g[k] : d[k];
-    };
-    auto unpack = [&](const int i, const int col, A (&xh)[VEC], A (&d)[VEC], A (&g)[VEC]) {
-      widen_xd(i, xh, d);
-      times_w(i, col, d, g);
-    };
-    constexpr bool KEEP_G = Blocks::value == 1 && !SHARED_SUMS;
-    A kept[KEEP_G ? ITEMS : 1][VEC];
+  };
 
-    A s1 = 0, s2 = 0;  // sum(xhat * g), sum(g)
+  // xhat, dy and g = dy * w of the pack at col, slot i of set s, widened from the packs as
+  // loaded (half the registers of float copies for 16-bit T). Where the launch bounds ask for
+  // several blocks per SM, the second pass widens them again and reloads w (from L1); with one
+  // block per SM it keeps g from the first (KEEP_G: bf16 N=8192, 512 threads, 2811 GB/s against
+  // 2645 reloading on H200).
+  auto xhat = [&](const int s, const int i, const int k) {
+    return (widen_at<A>(rx[s][i], k) - mu_s[s]) * r_s[s];
+  };
+  auto widen_xd = [&](const int s, const int i, A (&xh)[VEC], A (&d)[VEC]) {
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) {
+      xh[k] = xhat(s, i, k);
+      d[k] = widen_at<A>(rg[s][i], k);
+    }
+  };
+  auto times_w = [&](const int i, const int col, const A (&d)[VEC], A (&g)[VEC]) {
+    if (w != nullptr) {
+      if constexpr (STAGE_W) {
+        load_pack<A, TW, VEC>(reinterpret_cast<const TW*>(ws + i * TPR), g);
+      } else {
+        load_pack<A, TW, VEC>(w + lo + col, g);
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) g[k] = w != nullptr ? d[k] * g[k] : d[k];
+  };
+  constexpr bool KEEP_G = Blocks::value == 1 && !SHARED_SUMS;
+  A kept[KEEP_G ? ITEMS : 1][VEC];
+
+  // pass 1: this thread's part of the row sums sum(xhat * g), sum(g) of set s (and without
+  // SHARED_SUMS its dw/db)
+  auto pass1 = [&](const int s, A& s1, A& s2) {
+    s1 = s2 = 0;
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
       const int col = (i * TPR + lane) * VEC;
       if (col < n) {
         A xh[VEC], d[VEC], g[VEC];
-        unpack(i, col, xh, d, g);
+        widen_xd(s, i, xh, d);
+        times_w(i, col, d, g);
 #pragma unroll
         for (int k = 0; k < VEC; ++k) {
           if constexpr (!SHARED_SUMS) {
@@ -277,23 +293,11 @@ __device__ __forceinline__ void bwd_reg_rows(
         }
       }
     }
-    // AHEAD: the next row's copies go out before the block's barrier in a block per row, so
-    // they overlap the wait for its slowest warp (H200, bf16 N=12288 3253 GB/s against 2999
-    // after the barrier, 16384 3194 / 3047, 8192 3563 / 3502), and after the send in a cluster
-    // (before the barrier there: N=32768 2537 against 2551, 65536 2486 / 2682)
-    if constexpr (AHEAD && C == 1) prefetch(row + step);
-    group_sum2<TPR, true, BLOCK>(s1, s2, red);
-    if constexpr (C > 1) exchange.send({s1, s2});
-    if constexpr (AHEAD && C > 1) prefetch(row + step);
-    if constexpr (C > 1) {  // the cluster's row sums
-      A sums[2];
-      exchange.receive_sums(sums);
-      s1 = sums[0];
-      s2 = sums[1];
-    }
-    const A c1 = s1 * inv_n, c2 = s2 * inv_n;
-
+  };
+  // pass 2: dx of the row `row` of set s from the row's mean_N(g * xhat), mean_N(g) (c1, c2)
+  auto pass2 = [&](const int s, const i64 row, const A c1, const A c2) {
     T* __restrict__ dxr = dx + row * N + lo;
+    const A r = r_s[s];
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
       const int col = (i * TPR + lane) * VEC;
@@ -302,13 +306,12 @@ __device__ __forceinline__ void bwd_reg_rows(
         if constexpr (KEEP_G) {
 #pragma unroll
           for (int k = 0; k < VEC; ++k) {
-            xh[k] = xhat(i, k);
+            xh[k] = xhat(s, i, k);
             g[k] = kept[i][k];
           }
-        } else if constexpr (SHARED_SUMS) {
-          widen_xd(i, xh, d);  // g after the sums
         } else {
-          unpack(i, col, xh, d, g);
+          widen_xd(s, i, xh, d);  // with SHARED_SUMS, g after the sums
+          if constexpr (!SHARED_SUMS) times_w(i, col, d, g);
         }
         if constexpr (SHARED_SUMS) {  // after the row sums, off the path to the barrier; before
           // dx's values, so that d and o are not live at once (ptxas spilled blocks of 448)
@@ -324,12 +327,59 @@ __device__ __forceinline__ void bwd_reg_rows(
             dw_sums(i, c) = sw;
             db_sums(i, c) = sb;
           }
+          times_w(i, col, d, g);
         }
-        if constexpr (SHARED_SUMS) times_w(i, col, d, g);
 #pragma unroll
         for (int k = 0; k < VEC; ++k) o[k] = (g[k] - (xh[k] * c1 + c2)) * r;
         store_pack<T, A, VEC, (C > 1)>(dxr + col, o);
       }
+    }
+  };
+
+  i64 row = static_cast<i64>(q) * ROWS + threadIdx.x / TPR;
+  if constexpr (AHEAD) prefetch(row);
+  if constexpr (C > 1) exchange.start();
+  if constexpr (LAG) {
+    // row r + step's sums go out before row r's dx, so the wait for the cluster's sums of a
+    // row overlaps the next row's first pass; rows alternate between the two register sets.
+    // Each block sends exchange e + 2 only after its receive of exchange e (and a block
+    // barrier, in group_sum2), so three slots hold the exchanges in flight.
+    auto begin = [&](const int s, const i64 r) {  // row r into set s, and its sums sent
+      take(s);
+      prefetch(r + step);
+      A s1, s2;
+      pass1(s, s1, s2);
+      group_sum2<TPR, true, BLOCK>(s1, s2, red);
+      exchange.send({s1, s2});
+    };
+    auto finish = [&](const int s, const i64 r) {  // the cluster's sums of row r, its dx
+      A sums[2];
+      exchange.receive_sums(sums);
+      pass2(s, r, sums[0] * inv_n, sums[1] * inv_n);
+    };
+    if (row < M) begin(0, row);
+    for (; row < M; row += 2 * step) {
+      if (row + step < M) begin(1, row + step);
+      finish(0, row);
+      if (row + step >= M) break;
+      if (row + 2 * step < M) begin(0, row + 2 * step);
+      finish(1, row + step);
+    }
+  } else {
+    for (; row < M; row += step) {
+      if constexpr (AHEAD) {
+        take(0);
+      } else {
+        fetch(row);
+      }
+      A s1, s2;
+      pass1(0, s1, s2);
+      // AHEAD: the next row's copies go out before the block's barrier, so they overlap the
+      // wait for its slowest warp (H200, bf16 N=12288 3253 GB/s against 2999 after the
+      // barrier, 16384 3194 / 3047, 8192 3563 / 3502)
+      if constexpr (AHEAD) prefetch(row + step);
+      group_sum2<TPR, true, BLOCK>(s1, s2, red);
+      pass2(0, row, s1 * inv_n, s2 * inv_n);
     }
   }
 
@@ -401,20 +451,17 @@ __global__ void __launch_bounds__(
       dy, dy_stride, x, x_stride, w, mean, rstd, dx, dw_part, db_part, M, N, nullptr);
 }
 
-template <typename T, typename TW, int VEC, int ITEMS, int BLOCK, bool SHARED_SUMS, int C,
-          bool STAGE_W>
-__global__ void CUPYLN_CLUSTER(C) __launch_bounds__(
-    BLOCK, BwdRegBlocks<T, ITEMS, VEC, BLOCK, BLOCK, SHARED_SUMS, STAGE_W>::value)
-        ln_bwd_reg_cluster(const T* __restrict__ dy, const i64 dy_stride,
-                           const T* __restrict__ x, const i64 x_stride, const TW* __restrict__ w,
-                           const typename AccOf<T>::type* __restrict__ mean,
-                           const typename AccOf<T>::type* __restrict__ rstd, T* __restrict__ dx,
-                           typename AccOf<T>::type* __restrict__ dw_part,
-                           typename AccOf<T>::type* __restrict__ db_part, const i64 M,
-                           const int N) {
-  __shared__ typename AccOf<T>::type xch[2 * C * 2];
+template <typename T, typename TW, int VEC, int ITEMS, int BLOCK, int C, bool STAGE_W>
+__global__ void CUPYLN_CLUSTER(C) __launch_bounds__(BLOCK, LagBlocks<BLOCK>::value)
+    ln_bwd_reg_cluster(const T* __restrict__ dy, const i64 dy_stride, const T* __restrict__ x,
+                       const i64 x_stride, const TW* __restrict__ w,
+                       const typename AccOf<T>::type* __restrict__ mean,
+                       const typename AccOf<T>::type* __restrict__ rstd, T* __restrict__ dx,
+                       typename AccOf<T>::type* __restrict__ dw_part,
+                       typename AccOf<T>::type* __restrict__ db_part, const i64 M, const int N) {
+  __shared__ typename AccOf<T>::type xch[3 * C * 2];  // three slots of two sums a block
   release_dependents();
-  bwd_reg_rows<T, TW, VEC, ITEMS, BLOCK, BLOCK, true, SHARED_SUMS, C, STAGE_W>(
+  bwd_reg_rows<T, TW, VEC, ITEMS, BLOCK, BLOCK, true, true, C, STAGE_W>(
       dy, dy_stride, x, x_stride, w, mean, rstd, dx, dw_part, db_part, M, N, xch);
 }
 
