@@ -109,7 +109,7 @@ __device__ __forceinline__ void store_remote(const unsigned dst, const A v, cons
 //   kAsync, kAsyncCluster: st.async stores, each counting its bytes on an mbarrier of the
 //   receiving block, which waits on that mbarrier alone, acquiring at CTA or cluster scope: no
 //   cluster barrier and no release on a row's path.
-//   The forward's register clusters take kAsyncCluster; the backward's kAsync, with three slots
+//   The forward's register clusters take kAsyncCluster; the backward's kAsync, with four slots
 //   (a row's sums sent before the previous row's are received); the staging clusters kBarrier.
 //   H200, M*N = 2**27, one process, best of 3, GB/s against kBarrier: forward bf16 N=65536
 //   (2 x 512) 3372 against 3263, fp16 3402 / 3249, float32 3469 / 3433, bf16 49152 (2 x 384)
@@ -136,20 +136,21 @@ enum class Sync { kBarrier, kAsync, kAsyncCluster };
 // caller puts a barrier of its block (__syncthreads, as in a block-wide sum) between its reads
 // of a receive() and its next send(). With two parts a receive() comes between two send()s: a
 // block writes a part again (exchange n + 2) only after it received exchange n + 1, which no
-// block sends before its threads have read exchange n. With three, a block may send exchange
+// block sends before its threads have read exchange n. With four, a block may send exchange
 // n + 1 before it receives exchange n, and sends exchange n + 2 only after that receive: a
-// block writes a part again (exchange n + 3) after it received exchange n + 2, which no block
-// sends before its threads have read exchange n.
+// block writes a part again (exchange n + 4) only after it received exchange n + 2, which no
+// block sends before its threads have read exchange n. (Three parts would let a block write
+// exchange n + 3 once it received n + 1, while another may still wait for exchange n.)
 // Every thread of every block of the cluster makes the same calls; start() once before the
 // first send (it is the kernel's first cluster barrier: every block runs before DSMEM is used).
 template <int C, typename A, int W, Sync S = Sync::kBarrier, int SLOTS = 2>
 struct ClusterExchange {
   static_assert(sizeof(A) == 4 || sizeof(A) == 8, "float or double");
   static constexpr bool kByBarrier = S == Sync::kBarrier;
-  static_assert(SLOTS == 2 || (SLOTS == 3 && !kByBarrier), "three slots: mbarriers only");
+  static_assert(SLOTS == 2 || (SLOTS == 4 && !kByBarrier), "four slots: mbarriers only");
   A* slots;           // SLOTS * C * W values of __shared__ memory at one offset in every block
   unsigned n = 0;     // exchanges received
-  unsigned sent = 0;  // exchanges sent (SLOTS = 3)
+  unsigned sent = 0;  // exchanges sent (SLOTS = 4)
 
   // kAsync*: the parts' mbarriers, __shared__ memory of their own. Kept in one struct with
   // the slots (which every mode declares), they made the kBarrier kernels that stage rows in

@@ -106,7 +106,7 @@ __device__ __forceinline__ void row_packs(const T* __restrict__ xr, const T* __r
 //   A cluster's rows overlap (LAG): a block holds two rows in registers, and sends the next
 //   row's sums before it waits for this row's and writes its dx, so the wait for the cluster's
 //   slowest block overlaps a row's first pass. Rows alternate between the two register sets,
-//   and the exchanges go through three slots (one outstanding). The launch bounds ask for 512
+//   and the exchanges go through four slots (one outstanding). The launch bounds ask for 512
 //   threads an SM (LagBlocks: 128 registers a thread for two rows of 4 packs of x and dy).
 //   H200, M*N = 2**27, one process, best of 3, GB/s, against the blocks of up to 512 threads of
 //   2 packs that waited for each row's sums before the next row: bf16 N=18432 3201 / 3069,
@@ -140,7 +140,7 @@ __device__ __forceinline__ void bwd_reg_rows(
   __shared__ A reds[TPR > 32 ? 2 * BLOCK / 32 : 1];  // group_sum2's, a part per row group
   A* const red = reds + (TPR > 32 && ROWS > 1 ? threadIdx.x / TPR * 2 * (TPR / 32) : 0);
   typedef BwdRegBlocks<T, ITEMS, VEC, TPR, BLOCK, SHARED_SUMS, STAGE_W> Blocks;
-  ClusterExchange<C, A, 2, Sync::kAsync, 3> exchange{xch};
+  ClusterExchange<C, A, 2, Sync::kAsync, 4> exchange{xch};
 
   const int lane = threadIdx.x % TPR;
   const A inv_n = A(1) / A(N);
@@ -343,7 +343,7 @@ __device__ __forceinline__ void bwd_reg_rows(
     // row r + step's sums go out before row r's dx, so the wait for the cluster's sums of a
     // row overlaps the next row's first pass; rows alternate between the two register sets.
     // Each block sends exchange e + 2 only after its receive of exchange e (and a block
-    // barrier, in group_sum2), so three slots hold the exchanges in flight.
+    // barrier, in group_sum2), so four slots hold the exchanges in flight (cluster.cuh).
     auto begin = [&](const int s, const i64 r) {  // row r into set s, and its sums sent
       take(s);
       prefetch(r + step);
@@ -459,7 +459,7 @@ __global__ void CUPYLN_CLUSTER(C) __launch_bounds__(BLOCK, LagBlocks<BLOCK>::val
                        const typename AccOf<T>::type* __restrict__ rstd, T* __restrict__ dx,
                        typename AccOf<T>::type* __restrict__ dw_part,
                        typename AccOf<T>::type* __restrict__ db_part, const i64 M, const int N) {
-  __shared__ typename AccOf<T>::type xch[3 * C * 2];  // three slots of two sums a block
+  __shared__ typename AccOf<T>::type xch[4 * C * 2];  // four slots of two sums a block
   release_dependents();
   bwd_reg_rows<T, TW, VEC, ITEMS, BLOCK, BLOCK, true, true, C, STAGE_W>(
       dy, dy_stride, x, x_stride, w, mean, rstd, dx, dw_part, db_part, M, N, xch);
