@@ -95,11 +95,12 @@ Thresholds and why (H200, bf16, M*N = 2**27; scripts/tune.py, data in docs/):
   launch bounds' threads per SM evenly (BWD_REG_THREADS, BWD_SHARED_SUMS_THREADS): 384
   threads where 320 would leave 128 of 768 unused, 512 for 448 (_bwd_fill_sm: bf16 N=5120
   3625 GB/s against 3238, 7168 3492 / 3284);
-* on sm_90, such backward rows past one block split over the fewest blocks of at most
-  BWD_REG_CLUSTER_BLOCK threads (up to 65536 elements): a thread-block cluster, the blocks
-  adding their row sums through distributed shared memory (ln_bwd_reg_cluster; bf16 N=32768
-  2519-2846 GB/s against 2302 for the staged cluster tier, 65536 2475-2679 / 2165; 4 blocks
-  of 512 at 32768 2716-2723 against 2567-2655 for 8 of 256);
+* on sm_90, such backward rows past one block split over the fewest blocks (2, 4 or 8) of at
+  most BWD_REG_CLUSTER_BLOCK threads of 4 vectors (up to 65536 elements): a thread-block
+  cluster, the blocks adding their row sums through distributed shared memory, each block
+  holding two rows so that a row's wait for the cluster's sums overlaps the next row's first
+  pass (ln_bwd_reg_cluster; bf16 N=32768 3086 -> 3603 GB/s, 65536 3126 -> 3586 against the
+  clusters that waited for each row; 2302 / 2165 for the staged cluster tier before those);
 * the backward and the forward's staging tiers run a persistent grid of exactly the resident
   blocks: for the backward 0.5x and 2x that were measured 5-30% slower (fewer blocks leave SMs
   idle; more add dw/db partial rows). The forward's register tier launches a block per group
@@ -596,16 +597,16 @@ def _bwd_reg_cluster(n: int, vec: int, max_cluster: int):
     BWD_REG_CLUSTER_BLOCK threads (in steps of a warp, at least BWD_REG_CLUSTER_LEAST); None
     when none holds the row. Each block holds two rows (ln_bwd_reg_cluster overlaps a row's
     wait for the cluster's sums with the next row's first pass) at 512 threads an SM. H200,
-    M*N = 2**27, one process, best of 3, GB/s against the clusters before, the fewest blocks of
-    up to 512 threads of 2 vectors that waited for each row's sums (copy 4225): bf16 N=18432
-    (4 x 160) 3201 / 3069, 20480 (4 x 160) 3470 / 3250, 24576 (4 x 192) 3230 / 3196, 32768 (4 x
-    256) 3637 / 3077, 40960 (8 x 160) 3401 / 3132, 49152 (8 x 192) 3261 / 3205, 57344 (8 x 224)
-    3142 / 3110, 65536 (8 x 256) 3620 / 3131; fp16 3369 / 3052, 3645 / 3206, 3211 / 3036, 3536 /
-    3189, 3564 / 3067, 3444 / 3006, 3247 / 3149, 3559 / 3192. Clusters of 3, 5, 6 and 7 blocks
-    of 256 threads measured ahead at some widths (bf16 24576 over 3: 3386 against 3160 for the
-    clusters before) and behind at others (20480 over 3: 3025 / 3241; 40960 over 5: 3013 /
-    3128), so the clusters keep to powers of two. Two blocks of 256 at N=16384 measured 3365
-    against 3776 for the lone block of 512 threads that holds the row."""
+    M*N = 2**27, `cupyln bench` against the clusters before (the fewest blocks of up to 512
+    threads of 2 vectors that waited for each row's sums), back to back on one GPU, bf16 / fp16
+    GB/s: N=32768 (4 x 256) 3603 / 3524 against 3086 / 3189, 65536 (8 x 256) 3586 / 3525
+    against 3126 / 3185, 28672 (4 x 224) 3254 / 3328 against 2997 / 3097, 57344 (8 x 224) 3224
+    / 3379 against 3109 / 3141; blocks of 160 and 192 threads from 4.4% behind (N=20480, 4 x
+    160: 3136 / 3072 against 3271 / 3215) to 8.6% ahead (fp16 49152, 8 x 192: 3267 against
+    3008; the kernel has every width). Clusters of 3, 5, 6 and 7 blocks of 256 threads,
+    measured with three exchange slots (kernels/cluster.cuh), were ahead at some widths and
+    behind at others, and two blocks of 256 at N=16384 measured 3365 against 3776 for the lone
+    block of 512 threads that holds the row."""
     cluster = 2
     while cluster <= max_cluster:
         got = _reg_shape(

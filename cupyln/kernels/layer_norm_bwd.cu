@@ -108,13 +108,13 @@ __device__ __forceinline__ void row_packs(const T* __restrict__ xr, const T* __r
 //   slowest block overlaps a row's first pass. Rows alternate between the two register sets,
 //   and the exchanges go through four slots (one outstanding). The launch bounds ask for 512
 //   threads an SM (LagBlocks: 128 registers a thread for two rows of 4 packs of x and dy).
-//   H200, M*N = 2**27, one process, best of 3, GB/s, against the blocks of up to 512 threads of
-//   2 packs that waited for each row's sums before the next row: bf16 N=18432 3201 / 3069,
-//   20480 3470 / 3250, 24576 3230 / 3196, 32768 3637 / 3077, 40960 3401 / 3132, 49152 3261 /
-//   3205, 57344 3142 / 3110, 65536 3620 / 3131; fp16 18432 3369 / 3052, 20480 3645 / 3206,
-//   24576 3211 / 3036, 32768 3536 / 3189, 40960 3564 / 3067, 49152 3444 / 3006, 57344 3247 /
-//   3149, 65536 3559 / 3192 (copy 4225). The same blocks at one an SM without the overlap
-//   measured 2505 at bf16 32768, with it 3185: the overlap is what covers the wait.
+//   H200, M*N = 2**27, `cupyln bench` of this tier and of the clusters before it (blocks of up
+//   to 512 threads of 2 packs that waited for each row's sums before the next row), back to
+//   back on one GPU (copy 4250), GB/s: bf16 N=18432 3045 / 3091, 20480 3136 / 3271, 24576
+//   3217 / 3184, 28672 3254 / 2997, 32768 3603 / 3086, 36864 2959 / 2941, 40960 3131 / 3145,
+//   49152 3147 / 3223, 57344 3224 / 3109, 65536 3586 / 3126; fp16 3095 / 3075, 3072 / 3215,
+//   3199 / 3021, 3328 / 3097, 3524 / 3189, 3097 / 2904, 3049 / 3073, 3267 / 3008, 3379 / 3141,
+//   3525 / 3185.
 // Limits: N <= C * TPR * ITEMS * VEC; 2 * ITEMS * VEC registers of A for the accumulators
 // (none with SHARED_SUMS) and up to as many for data (launcher: ITEMS * VEC <= 16, or 32 in a
 // lone block with SHARED_SUMS, or in a cluster, whose blocks hold two rows); AHEAD needs packs
