@@ -175,8 +175,8 @@ BWD_LONE_BLOCK = 512
 BWD_LONE_ITEMS = 4
 # Backward 16-bit rows in 16-byte packs past one register block (N > 16384) split over a
 # thread-block cluster (sm_90, ln_bwd_reg_cluster) of the fewest blocks of at most
-# BWD_REG_CLUSTER_BLOCK threads, up to BWD_REG_CLUSTER_MAX blocks (_bwd_reg_cluster has the
-# measurements).
+# BWD_REG_CLUSTER_BLOCK threads (at least BWD_REG_CLUSTER_LEAST) of BWD_REG_CLUSTER_ITEMS vectors
+# a thread, up to BWD_REG_CLUSTER_MAX blocks (_bwd_reg_cluster has the measurements).
 BWD_REG_CLUSTER_BLOCK = 256
 BWD_REG_CLUSTER_LEAST = 128
 BWD_REG_CLUSTER_ITEMS = 4
@@ -609,13 +609,9 @@ def _bwd_reg_cluster(n: int, vec: int, max_cluster: int):
     block of 512 threads that holds the row."""
     cluster = 2
     while cluster <= max_cluster:
-        got = _reg_shape(
-            _slice_packs(n, vec, cluster) * vec,
-            vec,
-            BWD_REG_CLUSTER_ITEMS * vec,
-            BWD_REG_CLUSTER_BLOCK,
-            32,
-        )
+        values = BWD_REG_CLUSTER_ITEMS * vec
+        slice_n = _slice_packs(n, vec, cluster) * vec
+        got = _reg_shape(slice_n, vec, values, BWD_REG_CLUSTER_BLOCK, step=32)  # a warp's steps
         if got is not None and got[0] == got[2] >= BWD_REG_CLUSTER_LEAST:
             return cluster, got
         cluster *= 2
@@ -707,11 +703,14 @@ def backward_plan(n: int, x_dtype, w_dtype, vec: int, smem_limit: int,
     packs16 = x_dtype.itemsize == 2 and vec == 8
 
     def reg_smem(block, items, shared, staged=False, tpr=None, ahead=None):
-        """Dynamic shared memory: x and dy of the next row (AHEAD), the dw/db sums (shared), w
+        """Dynamic shared memory: x and dy of the next row (AHEAD: blocks of
+        BWD_REG_AHEAD_BLOCK threads and up, or as ``ahead`` says), the dw/db sums (shared), w
         (staged: one copy a block, a row's worth of ``tpr`` threads)."""
         values = block * items * vec
         smem = 2 * values * acc_dtype(x_dtype).itemsize if shared else 0
-        if block >= BWD_REG_AHEAD_BLOCK if ahead is None else ahead:
+        if ahead is None:
+            ahead = block >= BWD_REG_AHEAD_BLOCK
+        if ahead:
             smem += 2 * values * x_dtype.itemsize
         w_values = (tpr or block) * items * vec
         return smem + (w_values * w_dtype.itemsize if staged else 0)
