@@ -123,11 +123,10 @@ def test_every_variant_compiles_without_spills(x_dtype, source, arch):
     # the backward's register clusters, two rows a thread, spill a value in some shapes (bf16
     # blocks of 160 threads: 4 bytes at 136 registers a thread); they measured faster than
     # every other tier anyway (cupyln/_launch.py _bwd_reg_cluster), so they may, up to
-    # BOUNDED_SPILL bytes each. The
-    # register rows that copy the next row ahead issue those copies before the block's barrier
-    # (kernels/layer_norm_bwd.cu); at 64 or 80 registers ptxas then spills a value or two in
-    # some (fp16 blocks of 384 threads with w staged: 12 bytes of spill stores), measured faster
-    # anyway
+    # BOUNDED_SPILL bytes each. The register rows that copy the next row ahead issue those
+    # copies before the block's barrier (kernels/layer_norm_bwd.cu); at 64 or 80 registers
+    # ptxas then spills a value or two in some (fp16 blocks of 384 threads with w staged: 12
+    # bytes of spill stores), measured faster anyway
     spilled = {e: r for e, r in spilled.items() if any(b > _spill_allowed(e, arch) for b in r)}
     assert not spilled, f"stack frame / spill stores / spill loads: {spilled}"
 

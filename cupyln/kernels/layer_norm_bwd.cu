@@ -401,13 +401,13 @@ __device__ __forceinline__ void bwd_reg_rows(
         }
       }
     }
-  } else if constexpr (ROWS == 1) {
+  } else if constexpr (ROWS == 1) {  // (a block of its own: clusters keep the sums shared)
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
       const int col = (i * TPR + lane) * VEC;
       if (col < n) {
-        if (dw_out != nullptr) store_pack<A, A, VEC, (C > 1)>(dw_out + col, dw_acc[i]);
-        store_pack<A, A, VEC, (C > 1)>(db_out + col, db_acc[i]);
+        if (dw_out != nullptr) store_pack<A, A, VEC>(dw_out + col, dw_acc[i]);
+        store_pack<A, A, VEC>(db_out + col, db_acc[i]);
       }
     }
   } else {
