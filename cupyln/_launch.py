@@ -215,6 +215,18 @@ FWD_REG_CLUSTER_MAX = 8
 # at 2 blocks instead of 3, 20480 3831 / 3708), else over twice the blocks of half the threads
 # (N=28672 3745 / 3569, 32768 3709 / 3655; at 65536, over 8 blocks, 3026 / 3516).
 FWD_STAGE_WB_SM = 200 * 1024
+# float32 register clusters of blocks of FWD_LAG_BLOCK threads or more hold two rows a block,
+# one block an SM (ln_fwd_reg_cluster's LAG), where one block's copies of w and b fit: the next
+# row's loads go out before a row waits for the cluster's statistics and writes y. H200,
+# M*N = 2**27, one process, best of 3, GB/s against the plans before (their shapes, 2 or 3
+# blocks an SM): N=28672 (2 x 448) 3868 / 3748, 32768 (2 x 512) 3881 / 3705, 49152 (4 x 384)
+# 3777 / 3708, 65536 (4 x 512) 3855 / 3522, 98304 (8 x 384) 3697 / 3628, 131072 (8 x 512) 3834 /
+# 3256, 24576 (2 x 384) 3839 / 3857; smaller blocks, alone on their SMs, lost: 18432 (2 x 288)
+# 3541 / 3841, 20480 (2 x 320) 3683 / 3845, 40000 (4 x 320) 3489 / 3723, and blocks of half
+# the threads at two an SM did not gain (32768, 4 x 256: 3794). 16-bit rows lost at every
+# width: 8 vectors a row, one block of 512 an SM, bf16 N=65536 3371 / 3373, fp16 3323 / 3402;
+# 4 vectors at two blocks of 512, 2544 / 3383 (issue-bound, on fewer warps).
+FWD_LAG_BLOCK = 384
 # Row tiers: 256 threads measured faster than 512 where two or more blocks share an SM and
 # overlap their phases (forward N=8192 1689 against 983 GB/s, backward N=12288 1478 against
 # 1039); where the staged row leaves room for one block per SM, the forward needs the 512
@@ -431,10 +443,10 @@ def forward_plan(n: int, x_dtype, w_dtype, b_dtype, vec: int, smem_limit: int,
     # N=16386, 2-element vectors: 1317 GB/s against 1943; float32 N=8193: 1465 against 2455)
     split = _fwd_reg_cluster(n, vec, values, shape, max_cluster) if wide16 and not wide else None
     if split is not None:
-        cluster, items, block, minb, smem = _fwd_staged(
+        cluster, items, block, minb, smem, lag = _fwd_staged(
             split, vec, w_dtype, b_dtype, x_dtype, smem_limit
         )
-        args = (tx, tw, tb, vec, items, block, cluster, minb, smem > 0)
+        args = (tx, tw, tb, vec, items, block, cluster, minb, smem > 0, lag)
         expr = _compile.template("ln_fwd_reg_cluster", *args)
         return Plan(_compile.FWD_SOURCE, expr, "reg", vec, items, block, block, 1, smem, cluster)
     ring_split = _fwd_cluster(n, vec, x_dtype.itemsize, row_bytes, smem_limit, max_cluster)
@@ -496,26 +508,30 @@ def _fwd_reg_cluster(n: int, vec: int, values: int, shape, max_cluster: int):
 
 
 def _fwd_staged(split, vec: int, w_dtype, b_dtype, x_dtype, smem_limit: int):
-    """(blocks per cluster, items, threads, blocks per SM, dynamic shared bytes) of a forward
-    register cluster ``split`` (_fwd_reg_cluster): shared bytes for w's and b's slices where
-    they fit FWD_STAGE_WB_SM (or the device's ``smem_limit``, if less) at the blocks per SM of
-    the launch bounds; float32 rows at fewer blocks per SM (two or more), or over twice the
-    blocks of half the threads (module notes); else 0 (w and b read through L1)."""
+    """(blocks per cluster, items, threads, blocks per SM, dynamic shared bytes, two rows a
+    block) of a forward register cluster ``split`` (_fwd_reg_cluster): shared bytes for w's and
+    b's slices where they fit FWD_STAGE_WB_SM (or the device's ``smem_limit``, if less) at the
+    blocks per SM of the launch bounds; float32 rows in blocks of FWD_LAG_BLOCK threads or more
+    at one block an SM, holding two rows; other float32 rows at fewer blocks per SM (two or
+    more), or over twice the blocks of half the threads (module notes); else 0 (w and b read
+    through L1)."""
     cluster, items, block = split
     minb = max(1, FWD_REG_THREADS // block)
     smem = items * block * vec * (w_dtype.itemsize + b_dtype.itemsize)
     room = min(FWD_STAGE_WB_SM, smem_limit)
     fits = room // (smem + STATIC_SMEM_MARGIN)  # blocks per SM whose copies fit
+    if x_dtype.itemsize == 4 and block >= FWD_LAG_BLOCK and fits >= 1:
+        return cluster, items, block, 1, smem, True
     if fits >= minb:
-        return cluster, items, block, minb, smem
+        return cluster, items, block, minb, smem, False
     if x_dtype.itemsize == 4 and fits >= 2:
-        return cluster, items, block, fits, smem
+        return cluster, items, block, fits, smem, False
     if x_dtype.itemsize == 4 and cluster == 2 and block % 64 == 0:
         half = smem // 2
         per_sm = min(2 * minb, room // (half + STATIC_SMEM_MARGIN))
         if per_sm >= 2:
-            return 4, items, block // 2, per_sm, half
-    return cluster, items, block, minb, 0
+            return 4, items, block // 2, per_sm, half, False
+    return cluster, items, block, minb, 0, False
 
 
 def _share(smem_limit: int, blocks: int = 1) -> int:

@@ -64,26 +64,32 @@ def _check_fwd_reg_cluster(plan, n, dtype, vec, clusters):
     """A forward row over a register cluster: the fewest blocks of at most
     FWD_REG_CLUSTER_BLOCK threads whose slices hold it; w and b (of x's dtype here) copied into
     shared memory where the SM's blocks' copies fit FWD_STAGE_WB_SM at the launch bounds' blocks
-    per SM, float32 rows also at fewer blocks (two or more) or over twice the blocks of half the
-    threads; else read through L1."""
+    per SM; float32 rows in blocks of FWD_LAG_BLOCK threads or more at one block an SM, holding
+    two rows, the others also at fewer blocks (two or more) or over twice the blocks of half
+    the threads; else read through L1."""
     c, limit, packs = plan.cluster, _launch.FWD_REG_CLUSTER_BLOCK, n // vec
     assert vec * dtype.itemsize == 16 and 1 < c <= clusters
     assert plan.tpr == plan.block <= limit and plan.items == _launch.FWD_REG_ITEMS
     assert -(-packs // c) <= plan.block * plan.items, (plan, n)  # the slices fit
     assert packs > limit * plan.items  # no one block of the limit holds the row
     assert plan.expr.startswith("cupyln::ln_fwd_reg_cluster<")
-    *_, block, cluster, minb, staged = plan.expr[:-1].split(", ")
+    *_, block, cluster, minb, staged, lag = plan.expr[:-1].split(", ")
     assert (int(block), int(cluster)) == (plan.block, c) and staged in ("true", "false")
-    minb, staged = int(minb), staged == "true"
+    assert lag in ("true", "false")
+    minb, staged, lag = int(minb), staged == "true", lag == "true"
     copies = plan.items * plan.block * vec * 2 * dtype.itemsize  # a block's slices of w and b
     bounds = max(1, 1024 // plan.block)
     per_sm = _launch.FWD_STAGE_WB_SM // (copies + _launch.STATIC_SMEM_MARGIN)
     assert plan.smem == (copies if staged else 0), plan
-    split = dtype.itemsize == 4 and c == 4 and 2 * plan.block <= limit
+    split = dtype.itemsize == 4 and c == 4 and 2 * plan.block <= limit and not lag
     split = split and -(-packs // 2) <= 2 * plan.block * plan.items
     if not split:
         assert c == 2 or -(-packs // (c // 2)) > limit * plan.items, plan  # the fewest
-    if dtype.itemsize != 4:  # 16-bit rows: staged only at the launch bounds' blocks per SM
+    wide = dtype.itemsize == 4 and plan.block >= _launch.FWD_LAG_BLOCK
+    assert lag == (wide and per_sm >= 1), plan
+    if lag:  # two rows a block, one block an SM, w and b copied
+        assert staged and minb == 1, plan
+    elif dtype.itemsize != 4:  # 16-bit rows: staged only at the launch bounds' blocks per SM
         assert minb == bounds and staged == (per_sm >= bounds), plan
     elif split:  # float32 over two blocks whose copies fit no two blocks per SM
         assert staged and minb == min(2 * (1024 // (2 * plan.block)), per_sm) >= 2, plan
@@ -107,7 +113,7 @@ def test_forward_cluster_copies_fit_the_device():
                     p = _launch.forward_plan(n, dt, wdt, wdt, vec, limit, _launch.MAX_CLUSTER)
                     if p.cluster == 1 or p.tier != "reg" or not p.smem:
                         continue
-                    minb = int(p.expr[:-1].split(", ")[-2])
+                    minb = int(p.expr[:-1].split(", ")[-3])
                     room = min(_launch.FWD_STAGE_WB_SM, limit)
                     assert minb * (p.smem + _launch.STATIC_SMEM_MARGIN) <= room, (n, limit, p)
 
@@ -316,21 +322,21 @@ def test_tiers_by_width():
     # on sm_90, rows of 16-byte vectors past 512 threads split over a cluster of blocks of at
     # most 512 (the fewest blocks), which copy w and b into shared memory where the SM's
     # blocks' copies fit 200 KB; float32 rows at two blocks per SM instead of three (20480), or
-    # over twice the blocks of half the threads (32768)
+    # in blocks of 384 threads or more at one an SM, two rows a block (32768, 65536)
     h100 = _launch.MAX_CLUSTER
-    for n, dt, vec, cluster, block, staged in (
-        (49152, bf16, 8, 2, 384, 98304),
-        (65536, bf16, 8, 2, 512, 0),
-        (20480, f32, 4, 2, 320, 81920),
-        (32768, f32, 4, 4, 256, 65536),
-        (40000, f32, 4, 4, 320, 81920),
-        (65536, f32, 4, 4, 512, 0),
-        (131072, bf16, 8, 4, 512, 0),
-        (262144, bf16, 8, 8, 512, 0),
+    for n, dt, vec, cluster, block, staged, lag in (
+        (49152, bf16, 8, 2, 384, 98304, False),
+        (65536, bf16, 8, 2, 512, 0, False),
+        (20480, f32, 4, 2, 320, 81920, False),
+        (32768, f32, 4, 2, 512, 131072, True),
+        (40000, f32, 4, 4, 320, 81920, False),
+        (65536, f32, 4, 4, 512, 131072, True),
+        (131072, bf16, 8, 4, 512, 0, False),
+        (262144, bf16, 8, 8, 512, 0, False),
     ):
         p = _launch.forward_plan(n, dt, dt, dt, vec, SMEM_H100, h100)
-        got = (p.tier, p.cluster, p.block, p.items, p.smem)
-        assert got == ("reg", cluster, block, 8, staged), (n, dt, p)
+        got = (p.tier, p.cluster, p.block, p.items, p.smem, p.expr.endswith(", true>"))
+        assert got == ("reg", cluster, block, 8, staged, lag), (n, dt, p)
     assert _launch.forward_plan(32768, bf16, bf16, bf16, 8, SMEM_H100, h100).cluster == 1
     # wider rows through the ring kernel: blocks of 256 threads while a row fits a third of the
     # shared memory, else of 512; each ring holds one row

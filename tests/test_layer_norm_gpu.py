@@ -249,29 +249,36 @@ def test_backward_w_staged(xdt, wdt, n):
 
 # Forward rows over register clusters (sm_90) whose blocks copy w and b into shared memory or
 # read them through L1 (_launch._fwd_staged): N, x's dtype, w's and b's, blocks a cluster,
-# threads a block, staged. float32: at 2 blocks an SM (20480), over four blocks of half the
-# threads (28672, 32768); float32 x with bf16 w and b at its own shape (32768).
+# threads a block, staged, two rows a block. float32: at 2 blocks an SM (20480), in blocks of
+# 384 threads or more two rows a block (28672, 32768, 65536); float32 x with bf16 w and b at its
+# own shape (32768).
 BF, FP, F32 = "bfloat16", "float16", "float32"
-STAGE_WB = [(49152, BF, BF, 2, 384, True), (45056, FP, FP, 2, 384, True),
-            (65536, BF, BF, 2, 512, False), (20480, F32, F32, 2, 320, True),
-            (28672, F32, F32, 4, 224, True), (32768, F32, F32, 4, 256, True),
-            (65536, F32, F32, 4, 512, False), (32768, F32, BF, 2, 512, True),
-            (49152, BF, F32, 2, 384, False)]  # fmt: skip
+STAGE_WB = [(49152, BF, BF, 2, 384, True, False), (45056, FP, FP, 2, 384, True, False),
+            (65536, BF, BF, 2, 512, False, False), (20480, F32, F32, 2, 320, True, False),
+            (28672, F32, F32, 2, 448, True, True), (32768, F32, F32, 2, 512, True, True),
+            (65536, F32, F32, 4, 512, True, True), (32768, F32, BF, 2, 512, True, True),
+            (49152, BF, F32, 2, 384, False, False)]  # fmt: skip
 
 
-@pytest.mark.parametrize("n,xdt,wdt,cluster,block,staged", STAGE_WB)
-def test_forward_register_clusters_stage_w_and_b(n, xdt, wdt, cluster, block, staged):
+@pytest.mark.parametrize("n,xdt,wdt,cluster,block,staged,lag", STAGE_WB)
+def test_forward_register_clusters_stage_w_and_b(n, xdt, wdt, cluster, block, staged, lag):
     """Against the float64 reference with NaN-poisoned outputs: w and b both, either alone (w
     and b of x's dtype: the same plan) and neither; fewer rows than clusters (5) and rows that
-    walk several times round the persistent grid (700)."""
+    walk several times round the persistent grid, even and odd numbers of them (700, 701: the
+    blocks holding two rows end on either set)."""
     present = [(wdt, wdt)] if wdt != xdt else [(wdt, wdt), (wdt, None), (None, wdt), (None, None)]
     for w_dtype, b_dtype in present:
-        for m in (5, 700):
+        for m in (5, 700, 701):
             x, w, b, dy = inputs((m, n), xdt, w_dtype, b_dtype)
             if int(x.device.compute_capability) >= 90:
                 got = cupyln.describe(x, w, b)["forward"]
                 assert f"tpr={block} block={block} " in got, got
                 assert got.endswith(f"cluster={cluster}") and (" smem=0 " not in got) == staged
+                wb = [x.dtype if a is None else a.dtype for a in (w, b)]
+                plan = cupyln._api._forward_launch(
+                    x.device.id, m, n, x.dtype, *wb, 16 // x.itemsize
+                )[1]
+                assert plan.expr.endswith(f", {str(lag).lower()}>"), plan
             run_and_check(x, w, b, dy)
 
 
@@ -406,14 +413,15 @@ def test_nan_in_dy_stays_in_its_row_and_column(n):
 # Widths of the cluster tiers (sm_90) whose blocks get unequal slices of the row. Backward:
 # 32776 bf16 (registers: 8 blocks of 160 threads, the last without columns), 16385 float32
 # (scalar packs over 4), 98304 bf16 (8 staged blocks); forward in registers: 131080 bf16
-# (16385 packs over 8 blocks of 320 threads), 40000 float32 (2500 packs a block, idle lanes);
-# forward staged: 32770 float64 (16385 packs over 4).
+# (16385 packs over 8 blocks of 320 threads), 40000 float32 (2500 packs a block, idle lanes),
+# 28676 float32 (3584 and 3585 packs over 2 blocks of 512 threads, two rows a block); forward
+# staged: 32770 float64 (16385 packs over 4).
 # Rows fewer than clusters (1, 37) leave clusters without rows.
 @pytest.mark.parametrize("m", [1, 37, 700])
 @pytest.mark.parametrize(
     "n,dtype",
     [(32776, "bfloat16"), (16385, "float32"), (98304, "bfloat16"), (131080, "bfloat16"),
-     (40000, "float32"), (32770, "float64")],
+     (40000, "float32"), (28676, "float32"), (32770, "float64")],
 )  # fmt: skip
 def test_cluster_row_slices(m, n, dtype):
     run_and_check(*inputs((m, n), dtype, "float32", dtype))

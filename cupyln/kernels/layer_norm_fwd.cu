@@ -185,12 +185,20 @@ __global__ void __launch_bounds__(BLOCK, MINB)
 //   STAGE_WB: each block copies its slice's columns of w and b into dynamic shared memory once
 //   and reads them there for every row, instead of through L1, which the slices of an SM's
 //   blocks can outgrow (float32 N=24576 3844 GB/s against 3512; _launch.py says where).
+//   LAG: a block holds two rows in registers, in sets that alternate: it issues the next row's
+//   loads before it waits for the cluster's statistics of this row and writes its y, and forms
+//   the next row's statistics after, so the loads in flight cover the wait and the stores (one
+//   block of up to 512 threads an SM, 117 registers a thread for float32). Sending the next
+//   row's statistics before this row's y instead (an exchange outstanding) lost: its loads then
+//   hold up this row's stores (float32 N=32768 2740 GB/s against 3847). The launcher takes LAG
+//   for float32 rows in blocks of 384 threads or more (_launch.FWD_LAG_BLOCK).
 //   Two rows a thread at a time, w and b read once for both at half the vectors a row, measured
 //   slower (bf16 N=65536 over 4 blocks of 512: 2603 GB/s against 3399; BENCHMARKS.md).
 // Limits: ceil(P / C) <= ITEMS * BLOCK, and P >= C (every block gets packs). STAGE_WB: dynamic
-// shared memory of ITEMS * BLOCK * VEC * (sizeof(TW) + sizeof(TB)) bytes.
+// shared memory of ITEMS * BLOCK * VEC * (sizeof(TW) + sizeof(TB)) bytes. LAG: 2 * ITEMS * VEC
+// registers of data a thread.
 template <typename T, typename TW, typename TB, int VEC, int ITEMS, int BLOCK, int C, int MINB,
-          bool STAGE_WB = false>
+          bool STAGE_WB = false, bool LAG = false>
 __global__ void CUPYLN_CLUSTER(C) __launch_bounds__(BLOCK, MINB)
     ln_fwd_reg_cluster(const T* __restrict__ x, const i64 x_stride, T* __restrict__ y,
                        const TW* __restrict__ w, const TB* __restrict__ b,
@@ -229,32 +237,67 @@ __global__ void CUPYLN_CLUSTER(C) __launch_bounds__(BLOCK, MINB)
   }
   exchange.start();
 
-  P raw[ITEMS];  // the slice's elements as loaded
-  for (i64 row = cluster_index(); row < M; row += cluster_count()) {
+  // the slice's elements as loaded and its shift (LAG: two rows', set s of two)
+  constexpr int SETS = LAG ? 2 : 1;
+  P raw[SETS][ITEMS];
+  A shift[SETS];
+  auto held = [&](const int i) { return i * BLOCK + t < nv; };
+  auto load = [&](const int s, const i64 row) {
     const T* __restrict__ xs = x + row * x_stride + static_cast<i64>(lo) * VEC;
     const T first = xs[0];
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
-      if (i * BLOCK + t < nv) raw[i] = reinterpret_cast<const P*>(xs)[i * BLOCK + t];
+      if (held(i)) raw[s][i] = reinterpret_cast<const P*>(xs)[i * BLOCK + t];
     }
-    const A k = static_cast<A>(widen(first));  // the slice's shift
-    auto held = [&](const int i) { return i * BLOCK + t < nv; };
-    // (divisions once a row: a register held across the loop spills some variants)
-    const A d = group_sum<BLOCK, false>(held_sum(raw, k, held), red[0]) / A(nv * VEC);
-    exchange.send({k, d, group_sum<BLOCK, false>(held_squares(raw, k, d, held), red[1])});
-
+    shift[s] = static_cast<A>(widen(first));
+  };
+  // the slice's statistics of set s, sent to the cluster (divisions once a row: a register
+  // held across the loop spills some variants)
+  auto send = [&](const int s) {
+    const A k = shift[s];
+    const A d = group_sum<BLOCK, false>(held_sum(raw[s], k, held), red[0]) / A(nv * VEC);
+    exchange.send({k, d, group_sum<BLOCK, false>(held_squares(raw[s], k, d, held), red[1])});
+  };
+  // the cluster's statistics of set s's row, then its y
+  auto finish = [&](const int s, const i64 row) {
     A off, rs;  // the row's mean minus this slice's shift, and its rstd
-    merge_slices(exchange.receive(), slices, N, eps, k, off, rs, stats ? mean + row : nullptr,
-                 rstd + row);
+    merge_slices(exchange.receive(), slices, N, eps, shift[s], off, rs,
+                 stats ? mean + row : nullptr, rstd + row);
     T* __restrict__ ys = y + row * N + static_cast<i64>(lo) * VEC;
     if constexpr (STAGE_WB) wait_copies<0>(0);  // (copies pending only at the first row)
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
       const int v = i * BLOCK + t;
       if (v < nv) {
-        normalize_store<T, TW, TB, A, VEC>(raw[i], k, off, rs, wr, br, base + v * VEC,
+        normalize_store<T, TW, TB, A, VEC>(raw[s][i], shift[s], off, rs, wr, br, base + v * VEC,
                                            ys + v * VEC);
       }
+    }
+  };
+
+  const i64 step = cluster_count();
+  i64 row = cluster_index();
+  if constexpr (LAG) {
+    // the next row's loads go out before this row's wait for the cluster's statistics and its
+    // y, its statistics after them; rows alternate between the two register sets
+    if (row < M) {
+      load(0, row);
+      send(0);
+    }
+    for (; row < M; row += 2 * step) {
+      if (row + step < M) load(1, row + step);
+      finish(0, row);
+      if (row + step >= M) break;
+      send(1);
+      if (row + 2 * step < M) load(0, row + 2 * step);
+      finish(1, row + step);
+      if (row + 2 * step < M) send(0);
+    }
+  } else {
+    for (; row < M; row += step) {
+      load(0, row);
+      send(0);
+      finish(0, row);
     }
   }
 }
