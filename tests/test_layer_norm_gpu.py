@@ -379,6 +379,20 @@ def test_large_mean_rows(n):
     run_and_check(x, w, None, dy)
 
 
+@pytest.mark.parametrize("n", [1024, 8192, 32768])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_large_mean_rows_16bit(dtype, n):
+    """16-bit rows far from zero (|mean * rstd| about 125: the backward's fused forms) and rows of
+    one repeated value (rstd = 1/sqrt(eps), |mean * rstd| about 10^7, where rounding mean * rstd
+    once would put up to 0.5 into each xhat: the plain forms, FUSED_LIMIT)."""
+    x = fresh((16, n), dtype, loc=1000.0, scale=8.0)
+    x[3] = 30000.0
+    x[9] = -4096.0
+    w = fresh((n,), dtype, loc=1.0, scale=0.3)
+    dy = fresh((16, n), dtype, 0.0, 1.0)
+    run_and_check(x, w, None, dy)
+
+
 @pytest.mark.parametrize("n", [64, 4096, 65536])
 def test_nan_in_x_stays_in_its_row(n):
     x, w, b, dy = inputs((9, n), "float32", "float32", "float32")
