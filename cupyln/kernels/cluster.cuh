@@ -109,8 +109,10 @@ __device__ __forceinline__ void store_remote(const unsigned dst, const A v, cons
 //   kAsync, kAsyncCluster: st.async stores, each counting its bytes on an mbarrier of the
 //   receiving block, which waits on that mbarrier alone, acquiring at CTA or cluster scope: no
 //   cluster barrier and no release on a row's path.
-//   The forward's register clusters take kAsyncCluster; the backward's kAsync, with four slots
-//   (a row's sums sent before the previous row's are received); the staging clusters kBarrier.
+//   The forward's register clusters take kAsyncCluster (with four slots where a block holds two
+//   rows, though a receive comes between its sends: measured faster than two); the backward's
+//   kAsync, with four slots (a row's sums sent before the previous row's are received); the
+//   staging clusters kBarrier.
 //   H200, M*N = 2**27, one process, best of 3, GB/s against kBarrier: forward bf16 N=65536
 //   (2 x 512) 3372 against 3263, fp16 3402 / 3249, float32 3469 / 3433, bf16 49152 (2 x 384)
 //   3143 / 3064, 131072 (4 x 512) 3151 / 3059 (kAsync there: 3293, 3229, 3297, 3223, 2939);
