@@ -213,19 +213,22 @@ FWD_REG_CLUSTER_MAX = 8
 # of half the threads: issue-bound, they lose on fewer warps). float32 rows, whose passes take
 # half the instructions a byte, stage at fewer blocks per SM, two or more (N=18432 3852 / 3654
 # at 2 blocks instead of 3, 20480 3831 / 3708), else over twice the blocks of half the threads
-# (N=28672 3745 / 3569, 32768 3709 / 3655; at 65536, over 8 blocks, 3026 / 3516).
+# (N=28672 3745 / 3569, 32768 3709 / 3655; at 65536, over 8 blocks, 3026 / 3516). Those widths
+# now hold two rows a block (FWD_LAG_BLOCK), which leaves the split to devices with less shared
+# memory a block.
 FWD_STAGE_WB_SM = 200 * 1024
-# float32 register clusters of blocks of FWD_LAG_BLOCK threads or more hold two rows a block,
-# one block an SM (ln_fwd_reg_cluster's LAG), where one block's copies of w and b fit: the next
-# row's loads go out before a row waits for the cluster's statistics and writes y. H200,
-# M*N = 2**27, one process, best of 3, GB/s against the plans before (their shapes, 2 or 3
-# blocks an SM): N=28672 (2 x 448) 3868 / 3748, 32768 (2 x 512) 3881 / 3705, 49152 (4 x 384)
-# 3777 / 3708, 65536 (4 x 512) 3855 / 3522, 98304 (8 x 384) 3697 / 3628, 131072 (8 x 512) 3834 /
-# 3256, 24576 (2 x 384) 3839 / 3857; smaller blocks, alone on their SMs, lost: 18432 (2 x 288)
-# 3541 / 3841, 20480 (2 x 320) 3683 / 3845, 40000 (4 x 320) 3489 / 3723, and blocks of half
-# the threads at two an SM did not gain (32768, 4 x 256: 3794). 16-bit rows lost at every
-# width: 8 vectors a row, one block of 512 an SM, bf16 N=65536 3371 / 3373, fp16 3323 / 3402;
-# 4 vectors at two blocks of 512, 2544 / 3383 (issue-bound, on fewer warps).
+# float32 register clusters of blocks of FWD_LAG_BLOCK threads or more hold two rows a block, one
+# block an SM (ln_fwd_reg_cluster's LAG), where one block's copies of w and b fit: the next row's
+# loads go out before a row waits for the cluster's statistics and writes y. H200, M*N = 2**27, one
+# process, best of 3, GB/s against the plans before (their shapes, 2 or 3 blocks an SM): N=28672 (2
+# x 448) 3868 / 3748, 32768 (2 x 512) 3881 / 3705, 65536 (4 x 512) 3855 / 3522, 131072 (8 x 512)
+# 3834 / 3256; blocks of 384 threads within what runs differ by (24576, 2 x 384: 3839 / 3857; 49152,
+# 4 x 384: 3777 / 3708, and 3724 / 3770 in a second run; 98304, 8 x 384: 3697 / 3628, 3698 / 3622 in
+# a third); smaller blocks, alone on their SMs, lost: 18432 (2 x 288) 3541 / 3841, 20480 (2 x 320)
+# 3683 / 3845, 40000 (4 x 320) 3489 / 3723, and blocks of half the threads at two an SM did not gain
+# (32768, 4 x 256: 3794). 16-bit rows lost at every width: 8 vectors a row, one block of 512 an SM,
+# bf16 N=65536 3371 / 3373, fp16 3323 / 3402; 4 vectors at two blocks of 512, 2544 / 3383
+# (issue-bound, on fewer warps).
 FWD_LAG_BLOCK = 384
 # Row tiers: 256 threads measured faster than 512 where two or more blocks share an SM and
 # overlap their phases (forward N=8192 1689 against 983 GB/s, backward N=12288 1478 against

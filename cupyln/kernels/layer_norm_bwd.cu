@@ -249,18 +249,18 @@ __device__ __forceinline__ void bwd_reg_rows(
   auto xhat = [&](const int s, const int i, const int k) {
     return (widen_at<A>(rx[s][i], k) - mu_s[s]) * r_s[s];
   };
-  // FUSED (16-bit rows whose dw/db sums are formed in pass 2): pass 1 forms xhat + lo = x * r -
-  // hi in one fused multiply-add, where (x - mu) * r takes two: hi = mu * r rounded and lo =
-  // mu * r - hi (exact, by a second one once a row), so sum(xhat * g) = sum((xhat + lo) * g) -
-  // lo * sum(g), with no error of rounding mu * r (up to 2^-25 |mu * r| an element: 0.5 in a
-  // row of 30000s, whose rstd is 1/sqrt(eps)). Pass 2 of every 16-bit row forms dx as g * r -
-  // xhat * (c1 * r) - c2 * r, two fused multiply-adds where (g - (xhat * c1 + c2)) * r takes
-  // three. 16-bit rows are bound by issuing instructions, float16's by the FMA pipe, which
-  // each of its widenings takes too. H200, M*N = 2**27, one process, best of 3, GB/s against
-  // the plain forms: fp16 N=12288 3667 / 3601, 16384 3785 / 3718, 32768 3615 / 3539, 65536
-  // 3576 / 3523; bf16 8192 3708 / 3659, 32768 3649 / 3613, 65536 3620 / 3577. The rows that
-  // form dw/db in pass 1 keep xhat plain there, as dw needs it (fp16 N=5120 3633 / 3630; 3708
-  // with the fused xhat and no correction, which dw's would cost again).
+  // FUSED (16-bit rows whose dw/db sums are formed in pass 2): pass 1 forms xhat + lo = x * r - hi
+  // in one fused multiply-add, where (x - mu) * r takes two: hi = mu * r rounded and lo = mu * r -
+  // hi (exact, by a second one once a row), and sum(xhat * g) = sum((xhat + lo) * g) - lo * sum(g)
+  // carries no error from rounding mu * r (taken as xhat, x * r - hi errs by up to 2^-24 |mu * r|:
+  // 0.5 in a row of 30000s, whose rstd is 1/sqrt(eps)). Pass 2 of every 16-bit row forms dx as
+  // g * r - xhat * (c1 * r) - c2 * r, two fused multiply-adds where (g - (xhat * c1 + c2)) * r
+  // takes three. 16-bit rows are bound by issuing instructions, float16's by the FMA pipe, which each of
+  // its widenings takes too. H200, M*N = 2**27, one process, best of 3, GB/s against the plain
+  // forms: fp16 N=12288 3667 / 3601, 16384 3785 / 3718, 32768 3615 / 3539, 65536 3576 / 3523; bf16
+  // 8192 3708 / 3659, 32768 3649 / 3613, 65536 3620 / 3577. The rows that form dw/db in pass 1 keep
+  // xhat plain there, as dw needs it (fp16 N=5120 3633 / 3630; 3708 with the fused xhat and no
+  // correction, which dw's would cost again).
   constexpr bool FUSED = sizeof(T) == 2 && SHARED_SUMS;
   auto xhat_lo = [&](const int s, const int i, const int k) {
     return fma(widen_at<A>(rx[s][i], k), r_s[s], -(mu_s[s] * r_s[s]));
