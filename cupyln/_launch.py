@@ -626,9 +626,9 @@ def _bwd_reg_cluster(n: int, vec: int, max_cluster: int):
     measured with three exchange slots (kernels/cluster.cuh), were ahead at some widths and
     behind at others, and two blocks of 256 at N=16384 measured 3365 against 3776 for the lone
     block of 512 threads that holds the row."""
+    values = BWD_REG_CLUSTER_ITEMS * vec
     cluster = 2
     while cluster <= max_cluster:
-        values = BWD_REG_CLUSTER_ITEMS * vec
         slice_n = _slice_packs(n, vec, cluster) * vec
         got = _reg_shape(slice_n, vec, values, BWD_REG_CLUSTER_BLOCK, step=32)  # a warp's steps
         if got is not None and got[0] == got[2] >= BWD_REG_CLUSTER_LEAST:

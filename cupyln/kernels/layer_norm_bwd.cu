@@ -249,26 +249,28 @@ __device__ __forceinline__ void bwd_reg_rows(
   auto xhat = [&](const int s, const int i, const int k) {
     return (widen_at<A>(rx[s][i], k) - mu_s[s]) * r_s[s];
   };
-  // FUSED (16-bit rows whose dw/db sums are formed in pass 2): pass 1 forms xhat + lo = x * r - hi
-  // in one fused multiply-add, where (x - mu) * r takes two: hi = mu * r rounded and lo = mu * r -
-  // hi (exact, by a second one once a row), and sum(xhat * g) = sum((xhat + lo) * g) - lo * sum(g)
-  // carries no error from rounding mu * r (taken as xhat, x * r - hi errs by up to 2^-24 |mu * r|:
-  // 0.5 in a row of 30000s, whose rstd is 1/sqrt(eps)). Pass 2 of every 16-bit row forms dx as
-  // g * r - xhat * (c1 * r) - c2 * r, two fused multiply-adds where (g - (xhat * c1 + c2)) * r
-  // takes three. 16-bit rows are bound by issuing instructions, float16's by the FMA pipe, which each of
-  // its widenings takes too. H200, M*N = 2**27, one process, best of 3, GB/s against the plain
-  // forms: fp16 N=12288 3667 / 3601, 16384 3785 / 3718, 32768 3615 / 3539, 65536 3576 / 3523; bf16
-  // 8192 3708 / 3659, 32768 3649 / 3613, 65536 3620 / 3577. The rows that form dw/db in pass 1 keep
-  // xhat plain there, as dw needs it (fp16 N=5120 3633 / 3630; 3708 with the fused xhat and no
+  // FUSED (16-bit rows whose dw/db sums are formed in pass 2): pass 1 forms xhat + lo =
+  // x * r - hi in one fused multiply-add (widen_xd's plus_lo), where (x - mu) * r takes two:
+  // hi = mu * r rounded and lo = mu * r - hi (exact, by a second one once a row), and
+  // sum(xhat * g) = sum((xhat + lo) * g) - lo * sum(g) carries no error from rounding mu * r
+  // (taken as xhat, x * r - hi errs by up to 2^-24 |mu * r|: 0.5 in a row of 30000s, whose rstd
+  // is 1/sqrt(eps)). Pass 2 of every 16-bit row forms dx as g * r - xhat * (c1 * r) - c2 * r,
+  // two fused multiply-adds where (g - (xhat * c1 + c2)) * r takes three. 16-bit rows are bound
+  // by issuing instructions, float16's by the FMA pipe, which each of its widenings takes too.
+  // H200, M*N = 2**27, one process, best of 3, GB/s against the plain forms: fp16 N=12288
+  // 3667 / 3601, 16384 3785 / 3718, 32768 3615 / 3539, 65536 3576 / 3523; bf16 8192 3708 /
+  // 3659, 32768 3649 / 3613, 65536 3620 / 3577. The rows that form dw/db in pass 1 keep xhat
+  // plain there, as dw needs it (fp16 N=5120 3633 / 3630; 3708 with the fused xhat and no
   // correction, which dw's would cost again).
   constexpr bool FUSED = sizeof(T) == 2 && SHARED_SUMS;
   auto xhat_lo = [&](const int s, const int i, const int k) {
     return fma(widen_at<A>(rx[s][i], k), r_s[s], -(mu_s[s] * r_s[s]));
   };
-  auto widen_xd = [&](const int s, const int i, A (&xh)[VEC], A (&d)[VEC]) {
+  // plus_lo (a constant of the caller): xhat + lo in xh
+  auto widen_xd = [&](const int s, const int i, A (&xh)[VEC], A (&d)[VEC], const bool plus_lo) {
 #pragma unroll
     for (int k = 0; k < VEC; ++k) {
-      xh[k] = xhat(s, i, k);
+      xh[k] = plus_lo ? xhat_lo(s, i, k) : xhat(s, i, k);
       d[k] = widen_at<A>(rg[s][i], k);
     }
   };
@@ -295,15 +297,7 @@ __device__ __forceinline__ void bwd_reg_rows(
       const int col = (i * TPR + lane) * VEC;
       if (col < n) {
         A xh[VEC], d[VEC], g[VEC];
-        if constexpr (FUSED) {
-#pragma unroll
-          for (int k = 0; k < VEC; ++k) {
-            xh[k] = xhat_lo(s, i, k);  // xhat + lo
-            d[k] = widen_at<A>(rg[s][i], k);
-          }
-        } else {
-          widen_xd(s, i, xh, d);
-        }
+        widen_xd(s, i, xh, d, FUSED);
         times_w(i, col, d, g);
 #pragma unroll
         for (int k = 0; k < VEC; ++k) {
@@ -338,7 +332,7 @@ __device__ __forceinline__ void bwd_reg_rows(
             g[k] = kept[i][k];
           }
         } else {
-          widen_xd(s, i, xh, d);  // with SHARED_SUMS, g after the sums
+          widen_xd(s, i, xh, d, false);  // with SHARED_SUMS, g after the sums
           if constexpr (!SHARED_SUMS) times_w(i, col, d, g);
         }
         if constexpr (SHARED_SUMS) {  // after the row sums, off the path to the barrier; before
