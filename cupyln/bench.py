@@ -18,20 +18,23 @@ from . import _api
 from . import reference as ref
 
 DEFAULT_NS = (512, 768, 1000, 1024, 2048, 4096, 5120, 8192, 12288, 16384, 32768, 65536)
+DIRECTIONS = ("forward", "backward")
 
 
 @dataclass
 class Row:
+    """One provider at one width; a direction the run left out has None in its four fields."""
+
     provider: str
     dtype: str
     M: int
     N: int
-    fwd_ms: float
-    bwd_ms: float
-    fwd_GBs: float
-    bwd_GBs: float
-    fwd_of_copy: float
-    bwd_of_copy: float
+    fwd_ms: float | None
+    bwd_ms: float | None
+    fwd_GBs: float | None
+    bwd_GBs: float | None
+    fwd_of_copy: float | None
+    bwd_of_copy: float | None
     kernels: str = ""
 
 
@@ -101,22 +104,26 @@ def _inputs(m: int, n: int, dtype):
     return x, w, b, dy
 
 
-def _time_cupyln(x, w, b, dy):
-    _, mean, rstd = _api.forward(x, w, b)
+def _time_cupyln(x, w, b, dy, directions=DIRECTIONS):
+    _, mean, rstd = _api.forward(x, w, b)  # (the backward's statistics)
     return (
-        time_ms(lambda: _api.forward(x, w, b)),
-        time_ms(lambda: _api.backward(dy, x, w, mean, rstd)),
+        time_ms(lambda: _api.forward(x, w, b)) if "forward" in directions else None,
+        time_ms(lambda: _api.backward(dy, x, w, mean, rstd)) if "backward" in directions else None,
     )
 
 
-def _time_torch(tp, x, w, b, dy):
+def _time_torch(tp, x, w, b, dy, directions=DIRECTIONS):
     torch, fwd, bwd = tp
     tx, tw, tb, tdy = (torch.from_dlpack(a) for a in (x, w, b, dy))
     _, mean, rstd = fwd(tx, tw, tb, 1e-5)
     return (
-        time_ms(lambda: fwd(tx, tw, tb, 1e-5)),
-        time_ms(lambda: bwd(tdy, tx, tw, tb, mean, rstd)),
+        time_ms(lambda: fwd(tx, tw, tb, 1e-5)) if "forward" in directions else None,
+        time_ms(lambda: bwd(tdy, tx, tw, tb, mean, rstd)) if "backward" in directions else None,
     )
+
+
+def _gbs(nbytes: int, ms: float | None) -> float | None:
+    return None if ms is None else nbytes / ms * 1e-6
 
 
 def run(
@@ -126,11 +133,16 @@ def run(
     with_torch: bool = True,
     progress: Callable[[Row], None] | None = None,
     with_compile: bool = False,
+    directions=DIRECTIONS,
 ):
     """Sweep N at M = elements // N; returns (copy GB/s, [Row]) for cupyln, torch and (with
-    ``with_compile``, about 20 s of compiling per width) torch.compile."""
+    ``with_compile``, about 20 s of compiling per width) torch.compile, timing the
+    ``directions`` named ("forward", "backward" or both)."""
     import cupy
 
+    directions = tuple(directions)
+    if not directions or any(d not in DIRECTIONS for d in directions):
+        raise ValueError(f"directions: one or both of {DIRECTIONS}, got {directions!r}")
     dtype = numpy.dtype(dtype)
     copy = copy_bandwidth()
     rows = []
@@ -139,17 +151,18 @@ def run(
     for n in ns:
         m = max(1, elements // n)
         data = _inputs(m, n, dtype)
-        results = [("cupyln", *_time_cupyln(*data))]
+        results = [("cupyln", *_time_cupyln(*data, directions))]
         if tp is not None:
-            results.append(("torch", *_time_torch(tp, *data)))
+            results.append(("torch", *_time_torch(tp, *data, directions)))
         if cp is not None:
-            results.append(("torch.compile", *_time_torch(cp, *data)))
+            results.append(("torch.compile", *_time_torch(cp, *data, directions)))
         nbytes = m * n * dtype.itemsize
         shapes = _api.describe(*data[:3])
-        kernels = f"fwd: {shapes['forward']}; bwd: {shapes['backward']}"
+        kernels = "; ".join(f"{d[:3]}: {shapes[d]}" for d in DIRECTIONS if d in directions)
         for name, f_ms, b_ms in results:
-            fg, bg = 2 * nbytes / f_ms * 1e-6, 3 * nbytes / b_ms * 1e-6
-            row = Row(name, dtype.name, m, n, f_ms, b_ms, fg, bg, fg / copy, bg / copy)
+            fg, bg = _gbs(2 * nbytes, f_ms), _gbs(3 * nbytes, b_ms)
+            of_copy = [None if g is None else g / copy for g in (fg, bg)]
+            row = Row(name, dtype.name, m, n, f_ms, b_ms, fg, bg, *of_copy)
             if name == "cupyln":
                 row.kernels = kernels
             rows.append(row)
@@ -495,15 +508,28 @@ def plot(rows, path, copy_gbs=None, title=""):
 
 
 def figure(rows, copy_gbs=None, title=""):
-    """GB/s against N (log scale), forward and backward side by side, one line per provider,
-    the copy bandwidth as a dashed ceiling. ``rows``: Rows or their dicts."""
+    """GB/s against N (log scale), forward and backward side by side (either alone where the
+    rows time one direction), one line per provider, the copy bandwidth as a dashed ceiling.
+    ``rows``: Rows or their dicts."""
     import matplotlib.pyplot as plt
 
     rows = as_dicts(rows)
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
-    for ax, (key, name) in zip(axes, (("fwd", "forward"), ("bwd", "backward"))):
+    panels = [
+        (key, name)
+        for key, name in (("fwd", "forward"), ("bwd", "backward"))
+        if any(r.get(f"{key}_GBs") is not None for r in rows)
+    ]
+    if not panels:
+        raise ValueError("rows: no forward or backward GB/s to plot")
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4), sharey=True,
+                             squeeze=False)  # fmt: skip
+    axes = axes[0]
+    for ax, (key, name) in zip(axes, panels):
         for provider in dict.fromkeys(r["provider"] for r in rows):
-            rs = sorted((r for r in rows if r["provider"] == provider), key=lambda r: r["N"])
+            rs = sorted(
+                (r for r in rows if r["provider"] == provider and r.get(f"{key}_GBs") is not None),
+                key=lambda r: r["N"],
+            )
             ax.plot([r["N"] for r in rs], [r[f"{key}_GBs"] for r in rs], marker="o",
                     label=provider)  # fmt: skip
         if copy_gbs:

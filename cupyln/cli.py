@@ -154,12 +154,15 @@ def cmd_bench(args) -> int:
         return 0
     ns = tuple(int(v) for v in args.n.split(",")) if args.n else bench.DEFAULT_NS
 
+    directions = bench.DIRECTIONS if args.direction == "both" else (args.direction,)
+
     def show(r):
+        timed = (("fwd", r.fwd_GBs, r.fwd_of_copy), ("bwd", r.bwd_GBs, r.bwd_of_copy))
+        cells = [
+            f"{k} {gbs:6.0f} GB/s ({share:4.0%})" for k, gbs, share in timed if gbs is not None
+        ]
         print(
-            f"{r.provider:8s} {r.dtype:9s} M={r.M:<8d} N={r.N:<6d} "
-            f"fwd {r.fwd_GBs:6.0f} GB/s ({r.fwd_of_copy:4.0%})  "
-            f"bwd {r.bwd_GBs:6.0f} GB/s ({r.bwd_of_copy:4.0%})",
-            flush=True,
+            f"{r.provider:8s} {r.dtype:9s} M={r.M:<8d} N={r.N:<6d} " + "  ".join(cells), flush=True
         )
         if args.verbose and r.kernels:
             print(f"         {r.kernels}", flush=True)
@@ -172,7 +175,7 @@ def cmd_bench(args) -> int:
                 tick()
 
         copy, rows = bench.run(args.dtype, 2**args.log2_elements, ns, not args.no_torch, step,
-                               args.compile)  # fmt: skip
+                               args.compile, directions)  # fmt: skip
     print(f"device-to-device copy: {copy:.0f} GB/s (read + write)")
     if args.csv:
         with open(args.csv, "w", newline="") as f:
@@ -251,6 +254,12 @@ def main(argv=None) -> int:
     b.add_argument("--dtype", default="bfloat16", help="float32, float16, bfloat16, float64")
     b.add_argument("--log2-elements", type=int, default=27, help="M*N = 2**this (default 27)")
     b.add_argument("--n", default="", help="comma-separated row widths (default: the sweep)")
+    b.add_argument(
+        "--direction",
+        choices=("both", "forward", "backward"),
+        default="both",
+        help="time the forward, the backward (dx, dw and db) or both (default)",
+    )
     b.add_argument("--no-torch", action="store_true", help="skip the torch comparison")
     b.add_argument("--compile", action="store_true", help="add torch.compile (slow to compile)")
     b.add_argument("--overhead", action="store_true", help="CPU time per call, tiny arrays")

@@ -52,6 +52,24 @@ def test_bench_runs(tmp_path):
     assert out.read_text().count("\n") == 3  # header + two widths
 
 
+@requires_gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("direction,timed,skipped", [("forward", "fwd", "bwd"),
+                                                     ("backward", "bwd", "fwd")])  # fmt: skip
+def test_bench_one_direction(tmp_path, direction, timed, skipped):
+    """--direction times one direction: its columns hold numbers, the other's None, and the
+    table prints only the timed one."""
+    out = tmp_path / "b.json"
+    r = run("bench", "--n", "4096", "--log2-elements", "20", "--no-torch", "--direction",
+            direction, "--json", str(out))  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["N"] == 4096 and row[f"{timed}_GBs"] > 0 and row[f"{timed}_ms"] > 0
+    assert all(row[f"{skipped}_{k}"] is None for k in ("ms", "GBs", "of_copy"))
+    table = [line for line in r.stdout.splitlines() if line.startswith("cupyln")]
+    assert len(table) == 1 and f" {timed} " in table[0] and f" {skipped} " not in table[0]
+
+
 def test_plot_renders_saved_results(tmp_path):
     pytest.importorskip("matplotlib")
     rows = [
@@ -66,3 +84,34 @@ def test_plot_renders_saved_results(tmp_path):
     r = run("plot", str(src), str(png))
     assert r.returncode == 0, r.stderr
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+def test_figure_draws_the_timed_directions():
+    """Rows of one direction (bench --direction) give one panel; rows of both, two."""
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    from cupyln import bench
+
+    both = [
+        {"provider": "cupyln", "N": n, "fwd_GBs": 3900.0, "bwd_GBs": 3700.0} for n in (512, 4096)
+    ]
+    fwd_only = [{**r, "bwd_GBs": None} for r in both]
+    bwd_only = [{**r, "fwd_GBs": None} for r in both]
+    for rows, titles in ((both, ["forward", "backward"]), (fwd_only, ["forward"]),
+                         (bwd_only, ["backward"])):  # fmt: skip
+        fig = bench.figure(rows, 4200.0)
+        assert [ax.get_title() for ax in fig.axes] == titles
+        for ax in fig.axes:
+            assert [len(line.get_xdata()) for line in ax.get_lines()][0] == 2
+        plt.close(fig)
+    with pytest.raises(ValueError, match="no forward or backward"):
+        bench.figure([{**r, "fwd_GBs": None} for r in fwd_only])
+
+
+def test_bench_refuses_unknown_directions():
+    from cupyln import bench
+
+    for bad in ((), ("sideways",), ("forward", "fwd")):
+        with pytest.raises(ValueError, match="directions"):
+            bench.run(directions=bad)
