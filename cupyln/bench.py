@@ -137,10 +137,10 @@ def run(
 ):
     """Sweep N at M = elements // N; returns (copy GB/s, [Row]) for cupyln, torch and (with
     ``with_compile``, about 20 s of compiling per width) torch.compile, timing the
-    ``directions`` named ("forward", "backward" or both)."""
+    ``directions`` named ("forward", "backward", or both: the default)."""
     import cupy
 
-    directions = tuple(directions)
+    directions = (directions,) if isinstance(directions, str) else tuple(directions)
     if not directions or any(d not in DIRECTIONS for d in directions):
         raise ValueError(f"directions: one or both of {DIRECTIONS}, got {directions!r}")
     dtype = numpy.dtype(dtype)
