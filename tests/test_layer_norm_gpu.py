@@ -382,9 +382,9 @@ def test_large_mean_rows(n):
 @pytest.mark.parametrize("n", [1024, 8192, 32768])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_large_mean_rows_16bit(dtype, n):
-    """16-bit rows far from zero (|mean * rstd| about 125: the backward's fused forms) and rows of
-    one repeated value (rstd = 1/sqrt(eps), |mean * rstd| about 10^7, where rounding mean * rstd
-    once would put up to 0.5 into each xhat: the plain forms, FUSED_LIMIT)."""
+    """16-bit rows far from zero (|mean * rstd| about 125) and rows of one repeated value
+    (rstd = 1/sqrt(eps), |mean * rstd| about 10^7, where rounding mean * rstd once would put up
+    to 0.5 into each xhat): the backward's fused xhat + lo must take lo * sum(g) off its sums."""
     x = fresh((16, n), dtype, loc=1000.0, scale=8.0)
     x[3] = 30000.0
     x[9] = -4096.0

@@ -263,8 +263,9 @@ __device__ __forceinline__ void bwd_reg_rows(
   // plain there, as dw needs it (fp16 N=5120 3633 / 3630; 3708 with the fused xhat and no
   // correction, which dw's would cost again).
   constexpr bool FUSED = sizeof(T) == 2 && SHARED_SUMS;
+  auto hi = [&](const int s) { return mu_s[s] * r_s[s]; };
   auto xhat_lo = [&](const int s, const int i, const int k) {
-    return fma(widen_at<A>(rx[s][i], k), r_s[s], -(mu_s[s] * r_s[s]));
+    return fma(widen_at<A>(rx[s][i], k), r_s[s], -hi(s));
   };
   // plus_lo (a constant of the caller): xhat + lo in xh
   auto widen_xd = [&](const int s, const int i, A (&xh)[VEC], A (&d)[VEC], const bool plus_lo) {
@@ -311,10 +312,7 @@ __device__ __forceinline__ void bwd_reg_rows(
         }
       }
     }
-    if constexpr (FUSED) {
-      const A hi = mu_s[s] * r_s[s];
-      s1 -= fma(mu_s[s], r_s[s], -hi) * s2;  // lo * sum(g)
-    }
+    if constexpr (FUSED) s1 -= fma(mu_s[s], r_s[s], -hi(s)) * s2;  // lo * sum(g)
   };
   // pass 2: dx of the row `row` of set s from the row's mean_N(g * xhat), mean_N(g) (c1, c2)
   auto pass2 = [&](const int s, const i64 row, const A c1, const A c2) {

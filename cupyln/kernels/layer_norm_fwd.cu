@@ -271,7 +271,7 @@ __global__ void CUPYLN_CLUSTER(C) __launch_bounds__(BLOCK, MINB)
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
       const int v = i * BLOCK + t;
-      if (v < nv) {
+      if (held(i)) {
         normalize_store<T, TW, TB, A, VEC>(raw[s][i], shift[s], off, rs, wr, br, base + v * VEC,
                                            ys + v * VEC);
       }
