@@ -149,6 +149,7 @@ class _Device(NamedTuple):
     sm_count: int
     smem_optin: int
     max_cluster: int  # blocks per thread-block cluster the kernels may use (1: no clusters)
+    dram_per_sm: float  # peak DRAM bytes per second an SM (0: not reported)
 
 
 @cache
@@ -156,7 +157,10 @@ def _device(device_id: int) -> _Device:
     d = _cupy().cuda.Device(device_id)
     attrs = d.attributes
     clusters = _launch.MAX_CLUSTER if int(d.compute_capability) >= 90 else 1
-    return _Device(attrs["MultiProcessorCount"], attrs["MaxSharedMemoryPerBlockOptin"], clusters)
+    sms = attrs["MultiProcessorCount"]
+    # double data rate: 2 transfers a memory clock (kHz) over the bus (bits)
+    dram = 2e3 * attrs.get("MemoryClockRate", 0) * attrs.get("GlobalMemoryBusWidth", 0) / 8
+    return _Device(sms, attrs["MaxSharedMemoryPerBlockOptin"], clusters, dram / sms)
 
 
 def _capacity(kernel, block: int, smem: int, device_id: int, cluster: int = 1) -> int:
@@ -196,8 +200,9 @@ def _forward_launch(device_id, m, n, x_dtype, w_dtype, b_dtype, vec):
     cache lookup per call for a shape seen before (the bridges launch through it each call)."""
     dev = _device(device_id)
     plan = _launch.forward_launch_plan(
-        m, n, x_dtype, w_dtype, b_dtype, vec, dev.smem_optin, dev.max_cluster, dev.sm_count
-    )
+        m, n, x_dtype, w_dtype, b_dtype, vec, dev.smem_optin, dev.max_cluster, dev.sm_count,
+        dev.dram_per_sm,
+    )  # fmt: skip
     return _forward_kernel(device_id, plan, x_dtype)
 
 

@@ -27,7 +27,8 @@ _REPORT = re.compile(
 
 def variants(x_dtype):
     """{source: sorted expressions} over every width, vector width and shared-memory limit
-    (the forward's at both vector counts a thread keeps, the short one in a launch of one wave;
+    (the forward's at both vector counts a thread keeps, the short one in a launch of one wave,
+    and the stream tier's;
     the backward's for long and short launches),
     plus every w/b dtype pairing for two register-tier, one row-tier and one ring-tier shapes
     (the ring tier's kernel is in the jagged source) with and without clusters, and a backward
@@ -41,6 +42,9 @@ def variants(x_dtype):
                     for p in (
                         _launch.forward_plan(
                             n, x_dtype, x_dtype, x_dtype, vec, smem, CLUSTERS[smem]
+                        ),
+                        _launch.forward_plan(  # long launches on fast DRAM (the stream tier)
+                            n, x_dtype, x_dtype, x_dtype, vec, smem, CLUSTERS[smem], stream=True
                         ),
                         _launch.forward_plan(  # short launches (one wave: centered rows)
                             n, x_dtype, x_dtype, x_dtype, vec, smem, CLUSTERS[smem],
@@ -60,6 +64,8 @@ def variants(x_dtype):
                 out[p.source].add(p.expr)
                 p = _launch.forward_plan(n, x_dtype, tw, tb, vec, SMEM_H100, 8)  # and cluster
                 out[p.source].add(p.expr)
+                p = _launch.forward_plan(n, x_dtype, tw, tb, vec, SMEM_H100, 8, stream=True)
+                out[p.source].add(p.expr)  # and stream
             for slices in (1, _launch.PARTIAL_REDUCE_FEW):  # partial_reduce_shape
                 for cols in (8, 32):
                     y = _launch.partial_reduce_shape(4096, slices, 132)[1]
