@@ -149,7 +149,6 @@ class _Device(NamedTuple):
     sm_count: int
     smem_optin: int
     max_cluster: int  # blocks per thread-block cluster the kernels may use (1: no clusters)
-    dram_per_sm: float  # peak DRAM bytes per second an SM (0: not reported)
 
 
 @cache
@@ -157,10 +156,7 @@ def _device(device_id: int) -> _Device:
     d = _cupy().cuda.Device(device_id)
     attrs = d.attributes
     clusters = _launch.MAX_CLUSTER if int(d.compute_capability) >= 90 else 1
-    sms = attrs["MultiProcessorCount"]
-    # double data rate: 2 transfers a memory clock (kHz) over the bus (bits)
-    dram = 2e3 * attrs.get("MemoryClockRate", 0) * attrs.get("GlobalMemoryBusWidth", 0) / 8
-    return _Device(sms, attrs["MaxSharedMemoryPerBlockOptin"], clusters, dram / sms)
+    return _Device(attrs["MultiProcessorCount"], attrs["MaxSharedMemoryPerBlockOptin"], clusters)
 
 
 def _capacity(kernel, block: int, smem: int, device_id: int, cluster: int = 1) -> int:
@@ -200,9 +196,8 @@ def _forward_launch(device_id, m, n, x_dtype, w_dtype, b_dtype, vec):
     cache lookup per call for a shape seen before (the bridges launch through it each call)."""
     dev = _device(device_id)
     plan = _launch.forward_launch_plan(
-        m, n, x_dtype, w_dtype, b_dtype, vec, dev.smem_optin, dev.max_cluster, dev.sm_count,
-        dev.dram_per_sm,
-    )  # fmt: skip
+        m, n, x_dtype, w_dtype, b_dtype, vec, dev.smem_optin, dev.max_cluster, dev.sm_count
+    )
     return _forward_kernel(device_id, plan, x_dtype)
 
 
