@@ -182,9 +182,7 @@ def compare(dtype, n: int, copy: float) -> str:
     cupyln's outputs on NaN-filled ones (a wrong variant is reported and skipped)."""
     tname = "__nv_bfloat16" if dtype == cp.dtype("bfloat16") else "__half"
     m = 2**27 // n
-    x = ref.sample((m, n), dtype, seed=n)
-    w = ref.sample((n,), dtype, loc=1.0, scale=0.2, seed=n + 1)
-    b = ref.sample((n,), dtype, loc=0.0, scale=0.2, seed=n + 2)
+    x, w, b, _ = bench._inputs(m, n, dtype)  # the benchmark's data
     yc, mc, rc = cupyln.forward(x, w, b)
     rot = int(os.environ.get("ROT", "0"))
     xs = [x] + [ref.sample((m, n), dtype, seed=n + 7 * i) for i in range(1, rot)]
@@ -201,13 +199,12 @@ def compare(dtype, n: int, copy: float) -> str:
     rstd = cp.empty(m, cp.float32)
     variants = ((0, 2048), (1, 2048)) if not rot else ((1, 2048),)
     blocks = [int(v) for v in os.environ.get("BLOCKS", "256,512,1024").split(",")]
-    for block in blocks:
-        ch = 1
-        if p % (block * ch) or not 2 <= p // (block * ch) <= 4:
+    for block in blocks:  # one pack a thread a step (CH = 1), 2-4 steps
+        if p % block or not 2 <= p // block <= 4:
             continue
-        nch = p // (block * ch)
+        nch = p // block
         for hint, occ in variants:
-            name = f"ln_stream<{tname}, {block}, {ch}, {nch}, {hint}, {occ}>"
+            name = f"ln_stream<{tname}, {block}, 1, {nch}, {hint}, {occ}>"
             mod = cp.RawModule(code=SRC, options=("-std=c++17",), name_expressions=[name])
             k = mod.get_function(name)
             y.fill(cp.nan)
@@ -224,7 +221,7 @@ def compare(dtype, n: int, copy: float) -> str:
                 print(n, name, "WRONG", ey, em, er)
                 continue
             fns.append(lambda k=k, block=block, args=args: k((m,), (block,), (nxt(), *args[1:])))
-            names.append(f"{block}x{ch}x{nch}{'h' if hint else ''}/{occ}")
+            names.append(f"{block}x1x{nch}{'h' if hint else ''}/{occ}")
     best = [0.0] * len(fns)
     for _ in range(ROUNDS):
         for j, f in enumerate(fns):
