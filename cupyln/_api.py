@@ -149,6 +149,7 @@ class _Device(NamedTuple):
     sm_count: int
     smem_optin: int
     max_cluster: int  # blocks per thread-block cluster the kernels may use (1: no clusters)
+    dram_per_sm: float  # peak DRAM bytes per second an SM (0: not reported)
 
 
 @cache
@@ -156,7 +157,10 @@ def _device(device_id: int) -> _Device:
     d = _cupy().cuda.Device(device_id)
     attrs = d.attributes
     clusters = _launch.MAX_CLUSTER if int(d.compute_capability) >= 90 else 1
-    return _Device(attrs["MultiProcessorCount"], attrs["MaxSharedMemoryPerBlockOptin"], clusters)
+    sms = attrs["MultiProcessorCount"]
+    # double data rate: 2 transfers a memory clock (kHz) over the bus (bits)
+    dram = 2e3 * attrs.get("MemoryClockRate", 0) * attrs.get("GlobalMemoryBusWidth", 0) / 8
+    return _Device(sms, attrs["MaxSharedMemoryPerBlockOptin"], clusters, dram / sms)
 
 
 def _capacity(kernel, block: int, smem: int, device_id: int, cluster: int = 1) -> int:
@@ -191,13 +195,15 @@ def _eps_code(x_dtype) -> str:
 
 
 @lru_cache(maxsize=4096)
-def _forward_launch(device_id, m, n, x_dtype, w_dtype, b_dtype, vec):
-    """(launcher, plan, resident blocks) of the forward of M rows of N on this device: one
-    cache lookup per call for a shape seen before (the bridges launch through it each call)."""
+def _forward_launch(device_id, m, n, x_dtype, w_dtype, b_dtype, vec, affine=(True, True)):
+    """(launcher, plan, resident blocks) of the forward of M rows of N on this device, ``affine``
+    (w given, b given): one cache lookup per call for a shape seen before (the bridges launch
+    through it each call)."""
     dev = _device(device_id)
     plan = _launch.forward_launch_plan(
-        m, n, x_dtype, w_dtype, b_dtype, vec, dev.smem_optin, dev.max_cluster, dev.sm_count
-    )
+        m, n, x_dtype, w_dtype, b_dtype, vec, dev.smem_optin, dev.max_cluster, dev.sm_count,
+        dev.dram_per_sm, affine,
+    )  # fmt: skip
     return _forward_kernel(device_id, plan, x_dtype)
 
 
@@ -340,10 +346,11 @@ def describe(x, w=None, b=None) -> dict:
     wdt = x.dtype if w is None else w.dtype
     bdt = x.dtype if b is None else b.dtype
     m = max(1, math.prod(x.shape[:-1]))  # (an empty x launches nothing; the plans of one row)
+    affine = (w is not None, b is not None)
     out = {}
     with _OnDevice(dev):
         for name, (k, plan, cap) in (
-            ("forward", _forward_launch(dev, m, n, x.dtype, wdt, bdt, vec)),
+            ("forward", _forward_launch(dev, m, n, x.dtype, wdt, bdt, vec, affine)),
             ("backward", _backward_grid(dev, m, n, x.dtype, wdt, wdt, vec)[:3]),
         ):
             out[name] = (
@@ -363,7 +370,9 @@ def launch_forward(dev, m, n, x_ptr, x_stride, x_dtype, y_ptr, w_ptr, w_dtype, b
                    mean_ptr, rstd_ptr, eps, stream=None):  # fmt: skip
     """Forward of M >= 1 rows of N; y contiguous, mean/rstd of M values (both 0: not stored)."""
     vec = _vector_width(x_dtype.itemsize, n, (x_stride,), (x_ptr | y_ptr) & 15)
-    k, plan, cap = _forward_launch(dev, m, n, x_dtype, w_dtype, b_dtype, vec)
+    k, plan, cap = _forward_launch(
+        dev, m, n, x_dtype, w_dtype, b_dtype, vec, (w_ptr != 0, b_ptr != 0)
+    )
     k(_launch.forward_grid(m, plan, cap), plan.block, plan.smem,
       _current_stream() if stream is None else stream,
       x_ptr, x_stride, y_ptr, w_ptr, b_ptr, mean_ptr, rstd_ptr, m, n, eps)  # fmt: skip
@@ -529,7 +538,8 @@ def _forward_checked(x, w, b, eps, out):
             in_place = x2 is x and w2 is w and b2 is b
             if in_place and len(_forward_calls) < _MAX_CALLS:
                 vec = _vector_width(x.itemsize, n, (stride,), x.data.ptr & 15)
-                k, plan, cap = _forward_launch(dev, m, n, x.dtype, wdt, bdt, vec)
+                affine = (w is not None, b is not None)
+                k, plan, cap = _forward_launch(dev, m, n, x.dtype, wdt, bdt, vec, affine)
                 _forward_calls[(_akey(x), _vkey(w), _vkey(b))] = _Call(
                     dev,
                     m,

@@ -64,6 +64,19 @@ Thresholds and why (H200, bf16, M*N = 2**27; scripts/tune.py, data in docs/):
   5120 4011 / 4019), 2048 threads spill at 32 registers (N=16384 3230). Only on sm_90 (devices
   with clusters): at 40 registers float32 w or b spill, and sm_80's ptxas spills 8 bytes in
   blocks of 192, 384 and 448 threads;
+* in long launches on sm_90 devices with fast DRAM (FWD_STREAM_DRAM_PER_SM), 16-bit rows in
+  16-byte vectors with 16-bit w and b whose packs split evenly over one of FWD_STREAM_SHAPES
+  (N = 4096, 6144: 256 threads of 2 or 3 packs; 8192, 12288, 16384: 512 threads of 2-4) stream
+  instead (layer_norm_fwd.cu ln_fwd_stream): a block per row sums it from HBM and reads it
+  again from L2 for y, 32 registers a thread at FWD_STREAM_THREADS an SM (H200, M*N = 2**27,
+  one process, best of 3, three x rotated between calls, GB/s against the register rows, a
+  prototype of the kernel: bf16 N=4096 4144 / 4014, 6144 4059 / 4014, 8192 3975 / 3954, 12288
+  4103 / 3977, 16384 3998 / 3957; fp16 4156 / 3985, 3996 / 3954, 4104 / 3993, 4009 / 3984 at
+  4096, 8192, 12288, 16384). More packs a thread lost (bf16 N=8192 over 256 threads 3809, 10240
+  3681, 14336 3436, 16384 3251; 20480 over 512: 3844 / 3907; 24576 3681; 32768 3745 over 1024
+  threads against 3869), as did blocks of 1024 (N=16384 3547). On an H100 SXM (3.35 TB/s),
+  whose register rows reach 97% of its copy bandwidth, the stream tier lost 1-5% (bf16
+  N=4096 2869 / 2929, 16384 2778 / 2922; level at 8192, 2944 / 2932): hence the DRAM gate;
 * the backward's 16-bit rows of at least BWD_REG_AHEAD_BLOCK threads copy the next row's x and
   dy into shared memory with cp.async while a row is computed (layer_norm_bwd.cu, AHEAD): bf16
   N=8192 3169 GB/s against 2805, N=4096 3501 / 3396, fp16 M=4096 N=8192 2615 / 2395. Smaller
@@ -230,6 +243,14 @@ FWD_STAGE_WB_SM = 200 * 1024
 # bf16 N=65536 3371 / 3373, fp16 3323 / 3402; 4 vectors at two blocks of 512, 2544 / 3383
 # (issue-bound, on fewer warps).
 FWD_LAG_BLOCK = 384
+# The forward's stream tier (module notes): (threads a block, packs a thread) it takes, and its
+# launch bounds' threads per SM.
+FWD_STREAM_SHAPES = ((512, (2, 3, 4)), (256, (2, 3)))
+FWD_STREAM_THREADS = 2048
+# ...taken on devices whose peak DRAM bandwidth an SM is at least this (bytes/s): on an H200 (4.8
+# TB/s, 132 SMs: 37 GB/s an SM) it gained, on an H100 SXM (3.35 TB/s: 25 GB/s an SM), whose
+# register rows reach 97% of its copy bandwidth, it lost (module notes)
+FWD_STREAM_DRAM_PER_SM = 30e9
 # Row tiers: 256 threads measured faster than 512 where two or more blocks share an SM and
 # overlap their phases (forward N=8192 1689 against 983 GB/s, backward N=12288 1478 against
 # 1039); where the staged row leaves room for one block per SM, the forward needs the 512
@@ -297,7 +318,7 @@ class Plan:
 
     source: str
     expr: str
-    tier: str  # "reg", "ring" or "row"
+    tier: str  # "reg", "stream", "ring", "cluster" or "row"
     vec: int
     items: int
     tpr: int
@@ -381,7 +402,8 @@ def forward_waves(m: int, plan: Plan, sm_count: int) -> float:
 
 
 def forward_launch_plan(m: int, n: int, x_dtype, w_dtype, b_dtype, vec: int, smem_limit: int,
-                        max_cluster: int, sm_count: int) -> Plan:  # fmt: skip
+                        max_cluster: int, sm_count: int, dram_per_sm: float = 0.0,
+                        affine: tuple = (True, True)) -> Plan:  # fmt: skip
     """The forward's plan for M rows of N: forward_plan at forward_items' vectors a thread; a
     short launch on sm_90 takes instead, of the plans whose grid fits one wave of resident blocks
     (centered rows asking for FWD_REG_THREADS, forward_plan's ``one_wave``; rows of
@@ -394,9 +416,13 @@ def forward_launch_plan(m: int, n: int, x_dtype, w_dtype, b_dtype, vec: int, sme
     (0.97): M=4096 N=1280 1788 (1766) / 1992 (1974), 4096 x 1536 1986 (1964) / 2137 (2155),
     2048 x 2560 1743 (1741) / 1838 (1826), 512 x 14336 1863 (1876) / 2198 (2187). A launch that
     fits one wave at 768 threads lost at 1024 (3000 x 1024 1607 / 1555), as did one of two
-    waves at either (4400 x 1024 1752 / 1664)."""
+    waves at either (4400 x 1024 1752 / 1664). ``dram_per_sm``: the device's peak DRAM bytes a
+    second an SM; at FWD_STREAM_DRAM_PER_SM or more, long launches of at most MAX_GRID rows
+    may stream (forward_plan's ``stream``, a block per row). ``affine``: (w given, b given)."""
     items = forward_items(m, n, vec, sm_count)
-    plan = forward_plan(n, x_dtype, w_dtype, b_dtype, vec, smem_limit, max_cluster, items)
+    stream = dram_per_sm >= FWD_STREAM_DRAM_PER_SM and m <= MAX_GRID
+    plan = forward_plan(n, x_dtype, w_dtype, b_dtype, vec, smem_limit, max_cluster, items,
+                        stream=stream, affine=affine)  # fmt: skip
     if items == FWD_REG_ITEMS or max_cluster <= 1:
         return plan
     waves = forward_waves(m, plan, sm_count)
@@ -415,14 +441,19 @@ def forward_launch_plan(m: int, n: int, x_dtype, w_dtype, b_dtype, vec: int, sme
 
 def forward_plan(n: int, x_dtype, w_dtype, b_dtype, vec: int, smem_limit: int,
                  max_cluster: int = 1, items: int = FWD_REG_ITEMS,
-                 one_wave: bool = False) -> Plan:  # fmt: skip
+                 one_wave: bool = False, stream: bool = False,
+                 affine: tuple = (True, True)) -> Plan:  # fmt: skip
     """Kernel variant for the forward of rows of N elements of ``x_dtype``; ``max_cluster``:
     the largest thread-block cluster the device runs (1: none); ``items``: vectors a thread of
     the register tier keeps (forward_items), taken where one block of at most
     FWD_REG_CLUSTER_BLOCK threads holds the row that way (else FWD_REG_ITEMS); 16-bit rows of
     FWD_LEAN_FROM elements and up take FWD_REG_ITEMS_SHORT where its block divides
     FWD_LEAN_THREADS (the module's notes); ``one_wave``: centered rows ask for FWD_REG_THREADS
-    per SM (forward_launch_plan; sm_90 only, as the 4-vector rows above)."""
+    per SM (forward_launch_plan; sm_90 only, as the 4-vector rows above); ``stream``: at
+    FWD_REG_ITEMS (long launches) and not ``one_wave``, 16-bit rows that split over
+    FWD_STREAM_SHAPES stream on sm_90 (_fwd_stream; forward_launch_plan asks for it where the
+    device's DRAM is fast enough, FWD_STREAM_DRAM_PER_SM); ``affine``: (w given, b given), which
+    the stream tier's kernel takes at compile time."""
     tx, tw, tb = ctype(x_dtype), ctype(w_dtype), ctype(b_dtype)
     row_bytes = _staged(n, x_dtype.itemsize)
     # double x, w or b: 1024-thread blocks and 64 registers a thread spill
@@ -433,6 +464,14 @@ def forward_plan(n: int, x_dtype, w_dtype, b_dtype, vec: int, smem_limit: int,
     # at 40 registers wider w or b spill, and so do blocks of 192, 384 and 448 threads on sm_80
     sixteen = wide16 and max(x_dtype.itemsize, w_dtype.itemsize, b_dtype.itemsize) == 2
     sixteen = sixteen and max_cluster > 1
+    streamed = _fwd_stream(n, vec) if stream and sixteen and items == FWD_REG_ITEMS else None
+    if streamed is not None and not one_wave:
+        block, steps = streamed
+        minb = FWD_STREAM_THREADS // block
+        expr = _compile.template("ln_fwd_stream", tx, tw, tb, vec, block, steps, minb, *affine)
+        return Plan(
+            _compile.FWD_SOURCE, expr, "stream", vec, steps, block, block, 1, 0, 1, minb * block
+        )
     if sixteen and n >= FWD_LEAN_FROM:
         shape4 = _reg_shape(n, vec, FWD_REG_ITEMS_SHORT * vec, block_max)
         if shape4 is not None and FWD_LEAN_THREADS % shape4[2] == 0:  # 192, 256, 384, 512
@@ -491,6 +530,17 @@ def forward_plan(n: int, x_dtype, w_dtype, b_dtype, vec: int, smem_limit: int,
     expr = _compile.template("ln_fwd_row", tx, tw, tb, vec, block, stage)
     smem = row_bytes if stage else 0
     return Plan(_compile.FWD_SOURCE, expr, "row", vec, 0, block, block, 1, smem)
+
+
+def _fwd_stream(n: int, vec: int):
+    """(threads a block, packs a thread) of the forward's stream tier for rows of N in packs of
+    VEC: the first of FWD_STREAM_SHAPES whose block splits the row's packs evenly into one of
+    its counts, else None."""
+    packs, rest = divmod(n, vec)
+    for block, steps in FWD_STREAM_SHAPES:
+        if not rest and packs % block == 0 and packs // block in steps:
+            return block, packs // block
+    return None
 
 
 def _fwd_reg_cluster(n: int, vec: int, values: int, shape, max_cluster: int):
@@ -897,13 +947,14 @@ def backward_grid(m: int, plan: Plan, capacity: int, sm_count: int) -> int:
 
 
 def forward_grid(m: int, plan: Plan, capacity: int) -> int:
-    """Blocks of a forward launch: the register tier's single blocks take a block per group of
-    rows and let the hardware schedule them as resident blocks finish (bf16 N=16384 3831 GB/s
-    against 3459 for a persistent grid, N=512 3863 / 3560); its clusters and the staging tiers
-    keep persistent grids (``capacity`` resident blocks, or clusters): clusters that walk rows
-    measured faster than a cluster per row (H200, M*N = 2**27: bf16 N=65536 3269 against 2887
-    GB/s, fp16 3244 / 2923; kernels/layer_norm_fwd.cu, ln_fwd_reg_cluster)."""
-    if plan.tier == "reg" and plan.cluster == 1:
+    """Blocks of a forward launch: the register and stream tiers' single blocks take a block
+    per group of rows and let the hardware schedule them as resident blocks finish (bf16
+    N=16384 3831 GB/s against 3459 for a persistent grid, N=512 3863 / 3560); the register
+    tier's clusters and the staging tiers keep persistent grids (``capacity`` resident blocks,
+    or clusters): clusters that walk rows measured faster than a cluster per row (H200,
+    M*N = 2**27: bf16 N=65536 3269 against 2887 GB/s, fp16 3244 / 2923;
+    kernels/layer_norm_fwd.cu, ln_fwd_reg_cluster)."""
+    if plan.tier in ("reg", "stream") and plan.cluster == 1:
         return max(1, min(_cdiv(m, plan.rows), MAX_GRID))
     return grid_size(m, plan.rows, capacity) * plan.cluster
 

@@ -1,6 +1,6 @@
 """CPU tier: every kernel variant the launcher can choose compiles with NVRTC for sm_80 and
 sm_90 (no GPU or driver needed), and ptxas reports no stack frame, spill stores or loads
-(the backward's register clusters: at most BOUNDED_SPILL bytes)."""
+beyond the few kernels _spill_allowed names, each by a bound."""
 
 import re
 
@@ -16,6 +16,10 @@ ARCHS = (80, 90)
 BOUNDED_SPILL = 48  # bytes of stack, spill stores or spill loads (ln_bwd_reg_cluster only)
 AHEAD_SPILL = 12  # ...and of ln_bwd_reg copying the next row ahead (AHEAD)
 SM90_BOUNDS_SPILL = 8  # ...and of sm_90's forward launch bounds built for sm_80 (never run)
+# ...and of the forward's stream tier at 32 registers a thread (kernels/layer_norm_fwd.cu
+# ln_fwd_stream; NVRTC 12, either arch: up to 8 bytes with w and b given, 20 without one or both)
+STREAM_SPILL = 8
+STREAM_BARE_SPILL = 20
 
 _REPORT = re.compile(
     r"Compiling entry function '(\w+)' for 'sm_\d+'\n"
@@ -26,7 +30,8 @@ _REPORT = re.compile(
 
 def variants(x_dtype):
     """{source: sorted expressions} over every width, vector width and shared-memory limit
-    (the forward's at both vector counts a thread keeps, the short one in a launch of one wave;
+    (the forward's at both vector counts a thread keeps, the short one in a launch of one wave,
+    and the stream tier's;
     the backward's for long and short launches),
     plus every w/b dtype pairing for two register-tier, one row-tier and one ring-tier shapes
     (the ring tier's kernel is in the jagged source) with and without clusters, and a backward
@@ -40,6 +45,9 @@ def variants(x_dtype):
                     for p in (
                         _launch.forward_plan(
                             n, x_dtype, x_dtype, x_dtype, vec, smem, CLUSTERS[smem]
+                        ),
+                        _launch.forward_plan(  # long launches on fast DRAM (the stream tier)
+                            n, x_dtype, x_dtype, x_dtype, vec, smem, CLUSTERS[smem], stream=True
                         ),
                         _launch.forward_plan(  # short launches (one wave: centered rows)
                             n, x_dtype, x_dtype, x_dtype, vec, smem, CLUSTERS[smem],
@@ -59,6 +67,11 @@ def variants(x_dtype):
                 out[p.source].add(p.expr)
                 p = _launch.forward_plan(n, x_dtype, tw, tb, vec, SMEM_H100, 8)  # and cluster
                 out[p.source].add(p.expr)
+                for affine in ((True, True), (True, False), (False, True), (False, False)):
+                    p = _launch.forward_plan(
+                        n, x_dtype, tw, tb, vec, SMEM_H100, 8, stream=True, affine=affine
+                    )
+                    out[p.source].add(p.expr)  # and stream, with and without w and b
             for slices in (1, _launch.PARTIAL_REDUCE_FEW):  # partial_reduce_shape
                 for cols in (8, 32):
                     y = _launch.partial_reduce_shape(4096, slices, 132)[1]
@@ -72,6 +85,8 @@ def variants(x_dtype):
 
 def _spill_allowed(expr: str, arch: int = 90) -> int:
     """Bytes of stack frame, spill stores and spill loads a kernel variant may report."""
+    if expr.startswith("cupyln::ln_fwd_stream<"):
+        return STREAM_SPILL if expr.endswith(", true, true>") else STREAM_BARE_SPILL
     if arch < 90 and expr.startswith("cupyln::ln_fwd_reg<"):
         # sm_90's launch bounds (FWD_LEAN_THREADS as loaded, FWD_REG_THREADS for centered rows
         # in a launch of one wave): taken only on devices with clusters
@@ -88,8 +103,8 @@ def _spill_allowed(expr: str, arch: int = 90) -> int:
 
 
 def test_spill_allowances():
-    """Only the two backward register kernels, the second only with AHEAD, and on sm_80 the
-    forward's sm_90 launch bounds."""
+    """Only the two backward register kernels, the second only with AHEAD, the forward's
+    stream tier, and on sm_80 the forward's sm_90 launch bounds."""
     bf16 = "cupyln::bf16_t"
     cluster = f"cupyln::ln_bwd_reg_cluster<{bf16}, {bf16}, 8, 4, 256, 8, true>"
     assert _spill_allowed(cluster) == 48
@@ -107,6 +122,10 @@ def test_spill_allowances():
     assert _spill_allowed(wave) == 0 and _spill_allowed(wave, 80) == 8
     many = f"cupyln::ln_fwd_reg<{bf16}, {bf16}, {bf16}, 8, 4, 64, 64, 12, true, 4>"
     assert _spill_allowed(many, 80) == 0
+    stream = f"cupyln::ln_fwd_stream<{bf16}, {bf16}, {bf16}, 8, 512, 4, 4, true, true>"
+    assert _spill_allowed(stream) == _spill_allowed(stream, 80) == STREAM_SPILL == 8
+    bare = f"cupyln::ln_fwd_stream<{bf16}, {bf16}, {bf16}, 8, 512, 4, 4, true, false>"
+    assert _spill_allowed(bare) == _spill_allowed(bare, 80) == STREAM_BARE_SPILL == 20
 
 
 @pytest.mark.parametrize("arch", ARCHS)

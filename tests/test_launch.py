@@ -457,6 +457,56 @@ def test_short_launches_keep_fewer_vectors():
         assert (p.tier, p.items, p.block, p.cluster) == ("reg", items, block, 1), (n, p)
 
 
+def test_stream_16bit_rows():
+    """On sm_90 with fast DRAM, long launches of 16-bit rows in 16-byte vectors with 16-bit w
+    and b stream where the row's packs split evenly over 512 threads of 2-4 or 256 threads of
+    2-3 (a block per row, 2048 threads an SM), w and b present or not as compile-time flags;
+    other widths, dtypes, devices, short launches and launches of more rows than a grid holds
+    keep their tiers."""
+    bf16 = [d for d in DTYPES if d.name == "bfloat16"][0]
+    fp16 = np.dtype(np.float16)
+    f32 = np.dtype(np.float32)
+    h100 = _launch.MAX_CLUSTER
+    shapes = {4096: (256, 2), 6144: (256, 3), 8192: (512, 2), 12288: (512, 3), 16384: (512, 4)}
+    for n in range(512, 65537, 512):
+        for x, w, b in ((bf16, bf16, bf16), (fp16, fp16, fp16), (fp16, bf16, fp16)):
+            p = _launch.forward_plan(n, x, w, b, 8, SMEM_H100, h100, stream=True)
+            assert _launch.forward_plan(n, x, w, b, 8, SMEM_H100, h100).tier != "stream"
+            if n not in shapes:
+                assert p.tier != "stream", (n, p)
+                continue
+            block, steps = shapes[n]
+            got = (p.tier, p.block, p.tpr, p.items, p.rows, p.threads)
+            assert got == ("stream", block, block, steps, 1, 2048), (n, p)
+            assert p.expr.endswith(f", 8, {block}, {steps}, {2048 // block}, true, true>"), p
+            assert _launch.forward_grid(70000, p, 0) == 70000  # a block per row
+            for affine in ((True, False), (False, True), (False, False)):
+                q = _launch.forward_plan(n, x, w, b, 8, SMEM_H100, h100, stream=True, affine=affine)
+                flags = ", ".join("true" if f else "false" for f in affine)
+                assert q.tier == "stream" and q.expr == p.expr.replace("true, true>", flags + ">")
+    for args in (
+        (8192, bf16, f32, f32, 8, SMEM_H100, h100),  # float32 w and b
+        (8192, f32, f32, f32, 4, SMEM_H100, h100),  # float32 rows
+        (8192, bf16, bf16, bf16, 4, SMEM_H100, h100),  # 8-byte vectors
+        (8192, bf16, bf16, bf16, 8, SMEM_H100, 1),  # no clusters (sm_80)
+        (8192, bf16, bf16, bf16, 8, SMEM_H100, h100, _launch.FWD_REG_ITEMS_SHORT),
+        (8192, bf16, bf16, bf16, 8, SMEM_H100, h100, _launch.FWD_REG_ITEMS, True),  # one wave
+    ):
+        assert _launch.forward_plan(*args, stream=True).tier == "reg", args
+    # what a launch takes: long ones on fast DRAM (H200: 37 GB/s an SM; H100 SXM: 25) stream,
+    # short ones (fewer than FWD_SHORT_WAVES waves) keep the register rows
+    args = (8192, bf16, bf16, bf16, 8, SMEM_H100, h100, 132)
+    h200 = _launch.forward_launch_plan(16384, *args, 4.8e12 / 132)
+    assert h200.tier == "stream" and _launch.forward_waves(16384, h200, 132) == 0.0, h200
+    assert _launch.forward_launch_plan(16384, *args, 3.35e12 / 132).tier == "reg"
+    assert _launch.forward_launch_plan(16384, *args).tier == "reg"  # DRAM speed not reported
+    assert _launch.forward_launch_plan(4096, *args, 4.8e12 / 132).tier == "reg"  # short
+    bare = _launch.forward_launch_plan(16384, *args, 4.8e12 / 132, (False, True))
+    assert bare.tier == "stream" and bare.expr.endswith(", false, true>"), bare
+    over = _launch.MAX_GRID + 1  # a block per row: more rows than a grid's blocks do not stream
+    assert _launch.forward_launch_plan(over, *args, 4.8e12 / 132).tier == "reg"
+
+
 def test_lean_16bit_rows():
     """On sm_90, 16-bit rows in 16-byte vectors (w and b 16-bit too) of FWD_LEAN_FROM elements
     and up keep 4 vectors a thread where that block splits FWD_LEAN_THREADS evenly (192, 256,

@@ -154,6 +154,54 @@ def test_short_launches_fill_one_wave(dtype, m, n, items):
     run_and_check(x, w, b, dy)
 
 
+STREAM = [
+    ("bfloat16", "bfloat16", "bfloat16"),
+    ("float16", "float16", "float16"),
+    ("bfloat16", "float16", None),
+    ("float16", None, "bfloat16"),
+    ("bfloat16", None, None),
+]
+
+
+@pytest.mark.parametrize("n", [4096, 6144, 8192, 12288, 16384])
+@pytest.mark.parametrize("xdt,wdt,bdt", STREAM, ids=["-".join(map(str, c)) for c in STREAM])
+def test_forward_stream_rows(monkeypatch, xdt, wdt, bdt, n):
+    """The 16-bit rows that stream in long launches on sm_90 with fast DRAM (ln_fwd_stream, a
+    block per row), taken here by any launch on any sm_90 (FWD_SHORT_WAVES,
+    FWD_STREAM_DRAM_PER_SM = 0), with w and b each present or not: strided rows, rows of a
+    large mean (1e3, 1e4) and one of a repeated value against the float64 reference; y written
+    over x itself, and by the cached launch of a second call, match y written elsewhere, bit for
+    bit."""
+    from cupyln import _api, _launch
+
+    def clear():
+        _api._forward_launch.cache_clear()
+        _api._forward_calls.clear()
+
+    monkeypatch.setattr(_launch, "FWD_SHORT_WAVES", 0)
+    monkeypatch.setattr(_launch, "FWD_STREAM_DRAM_PER_SM", 0.0)
+    clear()
+    try:
+        _, w, b, dy = inputs((37, n), xdt, wdt, bdt)
+        x = fresh((37, n + 64), xdt)[:, :n]  # rows at a stride of n + 64
+        x[5] = fresh((n,), xdt, loc=1000.0, scale=8.0)
+        x[7] = fresh((n,), xdt, loc=1e4, scale=64.0)
+        x[9] = -4096.0
+        if int(x.device.compute_capability) == 90:
+            assert cupyln.describe(x, w, b)["forward"].startswith("stream "), n
+        y = run_and_check(x, w, b, dy)[0]
+        inplace = x.copy()
+        got = cupyln.forward(inplace, w, b, out=(inplace, None, None))[0]
+        assert got is inplace and bool((got.view("uint16") == y.view("uint16")).all())
+        dense = x.copy()
+        for _ in range(2):  # the first call plans, the second takes the cached launch
+            got = cupyln.forward(dense, w, b)[0]
+            assert bool((got.view("uint16") == y.view("uint16")).all())
+    finally:
+        monkeypatch.undo()
+        clear()
+
+
 @pytest.mark.parametrize("m,n", [(640, 640), (3000, 768), (1151, 8192), (512, 16384), (37, 20480)])
 def test_short_backward_grids_and_dependent_reduce(monkeypatch, m, n):
     """Short backward launches, whose grids grow to fill the SMs (backward_grid), checked against

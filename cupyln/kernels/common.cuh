@@ -11,6 +11,7 @@
 //     element k of a pack (bf16 through the 32-bit word holding it: one instruction);
 //   * load_pack / store_pack: VEC consecutive elements in one access of VEC*sizeof(T) bytes
 //     (the caller guarantees that alignment); normalize_store: one pack's y, scaled and shifted;
+//     l2_policy / load_hinted: a 16-byte load kept in place, under an L2 eviction policy;
 //   * walk_vectors: a group's strided walk over the packs of a span, U loads in flight;
 //   * group_sum: a sum over the TPR threads that own one row, identical in every thread
 //     (xor butterfly inside a warp, fixed-order sum of per-warp partials across warps);
@@ -165,6 +166,51 @@ __device__ __forceinline__ void load_pack(const T* __restrict__ p, A (&out)[VEC]
   const Pack<T, VEC> pk = *reinterpret_cast<const Pack<T, VEC>*>(p);
 #pragma unroll
   for (int k = 0; k < VEC; ++k) out[k] = widen_at<A>(pk, k);
+}
+
+// An L2 eviction policy for load_hinted (sm_80+): EVICT_LAST lines are kept ahead of normal
+// ones, evict_first lines are the first to go. 0 before sm_80 (load_hinted ignores it there).
+template <bool EVICT_LAST>
+__device__ __forceinline__ unsigned long long l2_policy() {
+  unsigned long long p = 0;
+#if __CUDA_ARCH__ >= 800
+  if constexpr (EVICT_LAST) {
+    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(p));
+  } else {
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
+  }
+#endif
+  return p;
+}
+
+// One 16-byte pack at p (aligned to 16 bytes, read-only for the kernel's lifetime) through the
+// non-coherent path, under an l2_policy where HINTED (sm_80+). volatile: the loads stay where
+// the caller put them, in its order: the compiler may neither keep a first pass's values for a
+// second pass nor hoist loop-invariant loads (w, b) out of a row loop into registers.
+template <bool HINTED = true, typename P>
+__device__ __forceinline__ P load_hinted(const P* __restrict__ p,
+                                         const unsigned long long policy = 0) {
+  static_assert(sizeof(P) == 16, "16-byte packs");
+#if __CUDA_ARCH__ >= 800
+  constexpr bool hinted = HINTED;
+#else
+  constexpr bool hinted = false;  // cache hints need sm_80
+#endif
+  unsigned w[4];
+  if constexpr (hinted) {
+    asm volatile("{ .reg .u64 g; cvta.to.global.u64 g, %4;"
+                 " ld.global.nc.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [g], %5; }"
+                 : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
+                 : "l"(p), "l"(policy));
+  } else {
+    asm volatile("{ .reg .u64 g; cvta.to.global.u64 g, %4;"
+                 " ld.global.nc.v4.u32 {%0, %1, %2, %3}, [g]; }"
+                 : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
+                 : "l"(p));
+  }
+  P out;
+  memcpy(&out, w, sizeof(out));
+  return out;
 }
 
 // Stores W 32-bit words at p (aligned to 16 bytes; W a multiple of 4) as whole 16-byte words

@@ -8,21 +8,25 @@
 //
 // Statistics are exact two-pass from on-chip storage: the row is read from HBM once, its sum
 // gives the mean, the sum of squared deviations from that mean gives the variance (never
-// E[x^2] - E[x]^2), and y is written once. Values are shifted by the row's first element
+// E[x^2] - E[x]^2; the stream tier merges exact per-pack statistics by Chan et al.'s update),
+// and y is written once. Values are shifted by the row's first element
 // before summing, so rows with a large mean (1e4 + noise) keep full float32 precision.
 // Padding lanes hold 0 in the first pass and are skipped in the second.
 //
 // Block-wide sums alternate between two shared buffers (mean, variance), so each costs one
 // barrier: two per row.
 // Rows are walked with a grid-stride loop (64-bit row offsets; any M with any grid: the launcher
-// gives the register tier a block per group of rows, the other tiers their resident capacity).
+// gives the register tier a block per group of rows, the other tiers their resident capacity),
+// except in the stream tier, a block per row.
 // Vector width VEC is chosen by the host so that N, the row stride and every pointer are
 // multiples of VEC elements (16-byte accesses where possible).
-// On sm_90, rows too wide for one block's registers at several blocks an SM split over a
-// thread-block cluster of register blocks (ln_fwd_reg_cluster). Other rows past the register
-// tier that fit shared memory take the ring tier, kernels/jagged.cu ln_fwd_ring (the next rows
-// load while one is reduced), and rows too wide for one block's ring the cluster tier below
-// (sm_90); cupyln/_launch.py chooses.
+// On sm_90, 16-bit rows of some widths from 4K to 16K elements stream instead (ln_fwd_stream: a
+// block per row reads it from HBM and again from L2, at more resident threads than registers
+// holding the row allow). Rows too wide for one block's registers at several blocks an SM
+// split over a thread-block cluster of register blocks (ln_fwd_reg_cluster). Other rows past
+// the register tier that fit shared memory take the ring tier, kernels/jagged.cu ln_fwd_ring
+// (the next rows load while one is reduced), and rows too wide for one block's ring the
+// cluster tier below (sm_90); cupyln/_launch.py chooses.
 #include "common.cuh"
 #include "ring.cuh"
 #include "cluster.cuh"
@@ -166,6 +170,115 @@ __global__ void __launch_bounds__(BLOCK, MINB)
       const int col = (i * TPR + lane) * VEC;
       if (held(i)) normalize_store<T, TW, TB, A, VEC>(held_x[i], k, d, r, w, b, col, yr + col);
     }
+  }
+}
+
+// Tier "stream" (sm_90, 16-bit rows of 4K-16K elements in long launches; _launch.py says which):
+// a block per row that reads the row twice and holds none of it.
+//   N = NCH * BLOCK * VEC exactly (16-byte packs): thread t owns packs t + j * BLOCK, j < NCH,
+//   one pack a step. Pass 1 loads the packs under an L2 evict_last policy, the next in flight
+//   while one is summed; each pack's exact mean mj of x - k (k the row's first element) and
+//   its squared deviations x - (k + mj) merge into the thread's (mean, M2) by Chan et al.'s
+//   update, whose weights are compile-time constants (equal counts: no division). The block
+//   then merges the threads' states, of equal counts too: the row's mean is the mean of
+//   theirs, its M2 the sum of theirs plus each count * (thread mean - row mean)^2 (never
+//   E[x^2] - E[x]^2). The statistics are stored, then pass 2 loads the row again under
+//   evict_first, from L2 where pass 1 left it, the next pack in flight, and writes
+//   y = (x - (k + mean)) * rstd * w + b.
+//   A thread needs 32 registers: MINB * BLOCK = 2048 threads an SM, where the register rows
+//   that hold the row get 1536 at 40 (H200, bf16, M*N = 2**27, x read from HBM once: N = 4096
+//   4144 GB/s against 4014, 12288 4103 / 3977, 16384 3998 / 3957 with three x rotated between
+//   calls; Nsight Compute: 268-270 MB read from DRAM a call, x once). Its shape is measured:
+//   a grid-stride loop over rows halved it (N = 4096: 2096 GB/s), the statistics stored after
+//   y cost 5-7% at N = 12288-16384, and without the policies pass 2 misses L2 as the rows grow
+//   (N = 16384: 2795 GB/s); more packs a thread lost (N = 16384 over 256 threads: 3251). The
+//   loads of x are volatile (load_hinted): pass 2 reads memory again. Each thread stores only
+//   packs it has read itself, after every thread has read the shift (the block sums' barriers
+//   come between), so y may be x.
+//   HAS_W / HAS_B: w / b given (non-null); compile-time flags, as a run-time test of each
+//   pointer inside pass 2 made ptxas spill 24-40 bytes a thread at 3 and 4 packs (now up to 8
+//   with both given, 20 without one or both).
+// Limits: 16-byte packs; N == NCH * BLOCK * VEC; one block per row (grid == M, M < 2**31).
+template <typename T, typename TW, typename TB, int VEC, int BLOCK, int NCH, int MINB, bool HAS_W,
+          bool HAS_B>
+__global__ void __launch_bounds__(BLOCK, MINB)
+    ln_fwd_stream(const T* __restrict__ x, const i64 x_stride, T* __restrict__ y,
+                  const TW* __restrict__ w, const TB* __restrict__ b,
+                  typename AccOf<T>::type* __restrict__ mean,
+                  typename AccOf<T>::type* __restrict__ rstd, const i64 M, const int N,
+                  const typename AccOf<T>::type eps) {
+  typedef typename AccOf<T>::type A;
+  typedef Pack<T, VEC> P;
+  static_assert(sizeof(P) == 16 && BLOCK % 32 == 0 && BLOCK <= 1024 && NCH >= 1, "bad tiling");
+  constexpr int NR = NCH * BLOCK * VEC;  // N
+  __shared__ A red[2][BLOCK / 32];  // the mean's and the deviations' sums
+  const int t = threadIdx.x;
+  const i64 row = blockIdx.x;
+  if (row >= M) return;
+
+  const P* __restrict__ xr = reinterpret_cast<const P*>(x + row * x_stride);
+  const A k = static_cast<A>(widen(x[row * x_stride]));  // the shift
+  const unsigned long long keep = l2_policy<true>();
+  P cur = load_hinted(xr + t, keep);
+  A mu = 0, m2 = 0;  // this thread's mean of x - k and its squared deviations
+#pragma unroll
+  for (int j = 0; j < NCH; ++j) {
+    P next;
+    if (j + 1 < NCH) next = load_hinted(xr + (j + 1) * BLOCK + t, keep);
+    A s = 0;
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) s += widen_at<A>(cur, e) - k;
+    const A mj = s * (A(1) / VEC);
+    const A kj = k + mj;
+    A q = 0;
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) {
+      const A d = widen_at<A>(cur, e) - kj;
+      q += d * d;
+    }
+    if (j == 0) {
+      mu = mj;
+      m2 = q;
+    } else {  // counts j * VEC and VEC
+      const A delta = mj - mu;
+      mu += delta * (A(1) / A(j + 1));
+      m2 += q + delta * delta * (A(VEC * j) / A(j + 1));
+    }
+    if (j + 1 < NCH) cur = next;
+  }
+  const A mr = group_sum<BLOCK, false>(mu, red[0]) * (A(1) / A(BLOCK));
+  const A dm = mu - mr;
+  const A ss = group_sum<BLOCK, false>(m2 + A(NCH * VEC) * dm * dm, red[1]);
+  const A r = rsqrt_acc(ss * (A(1) / A(NR)) + eps);
+  const A off = k + mr;
+  if (t == 0 && mean != nullptr) {
+    mean[row] = off;
+    rstd[row] = r;
+  }
+
+  T* __restrict__ yr = y + row * NR;
+  const unsigned long long drop = l2_policy<false>();
+  cur = load_hinted(xr + t, drop);
+#pragma unroll
+  for (int j = 0; j < NCH; ++j) {
+    P next;
+    if (j + 1 < NCH) next = load_hinted(xr + (j + 1) * BLOCK + t, drop);
+    const int col = (j * BLOCK + t) * VEC;
+    A o[VEC];
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) o[e] = (widen_at<A>(cur, e) - off) * r;
+    if constexpr (HAS_W) {
+      const auto pw = *reinterpret_cast<const Pack<TW, VEC>*>(w + col);
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) o[e] *= widen_at<A>(pw, e);
+    }
+    if constexpr (HAS_B) {
+      const auto pb = *reinterpret_cast<const Pack<TB, VEC>*>(b + col);
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) o[e] += widen_at<A>(pb, e);
+    }
+    store_pack<T, A, VEC>(yr + col, o);
+    if (j + 1 < NCH) cur = next;
   }
 }
 
