@@ -64,19 +64,21 @@ Thresholds and why (H200, bf16, M*N = 2**27; scripts/tune.py, data in docs/):
   5120 4011 / 4019), 2048 threads spill at 32 registers (N=16384 3230). Only on sm_90 (devices
   with clusters): at 40 registers float32 w or b spill, and sm_80's ptxas spills 8 bytes in
   blocks of 192, 384 and 448 threads;
-* in long launches on sm_90 devices with fast DRAM (FWD_STREAM_DRAM_PER_SM), 16-bit rows in
-  16-byte vectors with 16-bit w and b whose packs split evenly over one of FWD_STREAM_SHAPES
-  (N = 4096, 6144: 256 threads of 2 or 3 packs; 8192, 12288, 16384: 512 threads of 2-4) stream
-  instead (layer_norm_fwd.cu ln_fwd_stream): a block per row sums it from HBM and reads it
-  again from L2 for y, 32 registers a thread at FWD_STREAM_THREADS an SM (H200, M*N = 2**27,
-  one process, best of 3, three x rotated between calls, GB/s against the register rows, a
-  prototype of the kernel: bf16 N=4096 4144 / 4014, 6144 4059 / 4014, 8192 3975 / 3954, 12288
-  4103 / 3977, 16384 3998 / 3957; fp16 4156 / 3985, 3996 / 3954, 4104 / 3993, 4009 / 3984 at
-  4096, 8192, 12288, 16384). More packs a thread lost (bf16 N=8192 over 256 threads 3809, 10240
-  3681, 14336 3436, 16384 3251; 20480 over 512: 3844 / 3907; 24576 3681; 32768 3745 over 1024
-  threads against 3869), as did blocks of 1024 (N=16384 3547). On an H100 SXM (3.35 TB/s),
-  whose register rows reach 97% of its copy bandwidth, the stream tier lost 1-5% (bf16
-  N=4096 2869 / 2929, 16384 2778 / 2922; level at 8192, 2944 / 2932): hence the DRAM gate;
+* in long launches of at most MAX_GRID rows on sm_90 devices with fast DRAM
+  (FWD_STREAM_DRAM_PER_SM), 16-bit rows in 16-byte vectors with 16-bit w and b whose packs split
+  evenly over one of FWD_STREAM_SHAPES (N = 4096, 6144: 256 threads of 2 or 3 packs; 8192,
+  12288, 16384: 512 threads of 2-4) stream instead (layer_norm_fwd.cu ln_fwd_stream): a block
+  per row sums it from HBM and reads it again from L2 for y, 32 registers a thread at
+  FWD_STREAM_THREADS an SM (H200, M*N = 2**27, one process, best of 5, three x rotated between
+  calls, GB/s against the register rows: bf16 N=4096 4138 / 4038, 6144 4041 / 4046, 8192 3970 /
+  3965, 12288 4108 / 3973, 16384 3999 / 3980; fp16 4146 / 4023, 4029 / 4031, 3995 / 3962, 4112
+  / 3985, 3927 / 3978). More packs a thread lost (bf16 N=8192 over 256 threads 3784 against
+  3964, 10240 3681, 14336 3436, 16384 3251; 20480 over 512: 3844 / 3907; 24576 3681; 32768 3745
+  over 1024 threads against 3869), as did blocks of 1024 (N=16384 3547), x loaded past L1 in
+  either pass (N=8192 3791, 12288 3819) and, in a first form, a grid-stride row loop (N=4096
+  2096). On an H100 SXM (3.35 TB/s), whose register rows reach 97% of its copy bandwidth, that
+  first form lost 1-5% (bf16 N=4096 2869 / 2929, 16384 2778 / 2922; level at 8192, 2944 /
+  2932): hence the DRAM gate;
 * the backward's 16-bit rows of at least BWD_REG_AHEAD_BLOCK threads copy the next row's x and
   dy into shared memory with cp.async while a row is computed (layer_norm_bwd.cu, AHEAD): bf16
   N=8192 3169 GB/s against 2805, N=4096 3501 / 3396, fp16 M=4096 N=8192 2615 / 2395. Smaller
