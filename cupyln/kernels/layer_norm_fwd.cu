@@ -187,11 +187,13 @@ __global__ void __launch_bounds__(BLOCK, MINB)
 //   y = (x - (k + mean)) * rstd * w + b.
 //   A thread needs 32 registers: MINB * BLOCK = 2048 threads an SM, where the register rows
 //   that hold the row get 1536 at 40 (H200, bf16, M*N = 2**27, x read from HBM once: N = 4096
-//   4144 GB/s against 4014, 12288 4103 / 3977, 16384 3998 / 3957 with three x rotated between
-//   calls; Nsight Compute: 268-270 MB read from DRAM a call, x once). Its shape is measured:
-//   a grid-stride loop over rows halved it (N = 4096: 2096 GB/s), the statistics stored after
-//   y cost 5-7% at N = 12288-16384, and without the policies pass 2 misses L2 as the rows grow
-//   (N = 16384: 2795 GB/s); more packs a thread lost (N = 16384 over 256 threads: 3251). The
+//   4138 GB/s against 4038, 12288 4108 / 3973, 16384 3999 / 3980 with three x rotated between
+//   calls; Nsight Compute of its prototype: 268-270 MB read from DRAM a call, x once). Its
+//   shape is measured: a grid-stride loop over rows halved it (N = 4096: 2096 GB/s), the
+//   statistics stored after y cost 5-7% at N = 12288-16384, and without the policies pass 2
+//   misses L2 as the rows grow (N = 16384: 2795 GB/s); more packs a thread lost (N = 16384
+//   over 256 threads: 3251), as did x loaded past L1 (L1::no_allocate: pass 2 hits L1 where
+//   pass 1 left x; N = 8192 3791 against 3970). The
 //   loads of x are volatile (load_hinted): pass 2 reads memory again. Each thread stores only
 //   packs it has read itself, after every thread has read the shift (the block sums' barriers
 //   come between), so y may be x.
