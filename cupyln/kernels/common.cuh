@@ -11,7 +11,8 @@
 //     element k of a pack (bf16 through the 32-bit word holding it: one instruction);
 //   * load_pack / store_pack: VEC consecutive elements in one access of VEC*sizeof(T) bytes
 //     (the caller guarantees that alignment); normalize_store: one pack's y, scaled and shifted;
-//     l2_policy / load_hinted: a 16-byte load kept in place, under an L2 eviction policy;
+//     l2_policy / load_hinted: a 16-byte load kept in place, under an L2 eviction policy (and
+//     past L1 if asked);
 //   * walk_vectors: a group's strided walk over the packs of a span, U loads in flight;
 //   * group_sum: a sum over the TPR threads that own one row, identical in every thread
 //     (xor butterfly inside a warp, fixed-order sum of per-warp partials across warps);
@@ -184,30 +185,34 @@ __device__ __forceinline__ unsigned long long l2_policy() {
 }
 
 // One 16-byte pack at p (aligned to 16 bytes, read-only for the kernel's lifetime) through the
-// non-coherent path, under an l2_policy where HINTED (sm_80+). volatile: the loads stay where
-// the caller put them, in its order: the compiler may neither keep a first pass's values for a
-// second pass nor hoist loop-invariant loads (w, b) out of a row loop into registers.
-template <bool HINTED = true, typename P>
+// non-coherent path, under an l2_policy (sm_80+; a plain non-coherent load before). KEEP_L1:
+// the line is allocated in L1 as usual; false: it is not (L1::no_allocate), for data read for
+// the last time, so that it does not evict lines still to be read. volatile: the loads stay
+// where the caller put them, in its order: the compiler may not keep a first pass's values
+// for a second pass.
+template <bool KEEP_L1 = true, typename P>
 __device__ __forceinline__ P load_hinted(const P* __restrict__ p,
                                          const unsigned long long policy = 0) {
   static_assert(sizeof(P) == 16, "16-byte packs");
-#if __CUDA_ARCH__ >= 800
-  constexpr bool hinted = HINTED;
-#else
-  constexpr bool hinted = false;  // cache hints need sm_80
-#endif
   unsigned w[4];
-  if constexpr (hinted) {
+#if __CUDA_ARCH__ >= 800
+  if constexpr (KEEP_L1) {
     asm volatile("{ .reg .u64 g; cvta.to.global.u64 g, %4;"
                  " ld.global.nc.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [g], %5; }"
                  : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
                  : "l"(p), "l"(policy));
   } else {
     asm volatile("{ .reg .u64 g; cvta.to.global.u64 g, %4;"
-                 " ld.global.nc.v4.u32 {%0, %1, %2, %3}, [g]; }"
+                 " ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [g], %5; }"
                  : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
-                 : "l"(p));
+                 : "l"(p), "l"(policy));
   }
+#else
+  asm volatile("{ .reg .u64 g; cvta.to.global.u64 g, %4;"
+               " ld.global.nc.v4.u32 {%0, %1, %2, %3}, [g]; }"
+               : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
+               : "l"(p));
+#endif
   P out;
   memcpy(&out, w, sizeof(out));
   return out;

@@ -183,7 +183,8 @@ __global__ void __launch_bounds__(BLOCK, MINB)
 //   then merges the threads' states, of equal counts too: the row's mean is the mean of
 //   theirs, its M2 the sum of theirs plus each count * (thread mean - row mean)^2 (never
 //   E[x^2] - E[x]^2). The statistics are stored, then pass 2 loads the row again under
-//   evict_first, from L2 where pass 1 left it, the next pack in flight, and writes
+//   evict_first, from L1 or L2 where pass 1 left it and without allocating it in L1 (the
+//   other blocks' rows and w and b stay there), the next pack in flight, and writes
 //   y = (x - (k + mean)) * rstd * w + b.
 //   A thread needs 32 registers: MINB * BLOCK = 2048 threads an SM, where the register rows
 //   that hold the row get 1536 at 40 (H200, bf16, M*N = 2**27, x read from HBM once: N = 4096
@@ -192,8 +193,8 @@ __global__ void __launch_bounds__(BLOCK, MINB)
 //   shape is measured: a grid-stride loop over rows halved it (N = 4096: 2096 GB/s), the
 //   statistics stored after y cost 5-7% at N = 12288-16384, and without the policies pass 2
 //   misses L2 as the rows grow (N = 16384: 2795 GB/s); more packs a thread lost (N = 16384
-//   over 256 threads: 3251), as did x loaded past L1 (L1::no_allocate: pass 2 hits L1 where
-//   pass 1 left x; N = 8192 3791 against 3970). The
+//   over 256 threads: 3251), as did x loaded past L1 in pass 1 too (pass 2 then misses L1;
+//   N = 8192 3791 against 3970, where pass 2 alone past L1 took 3970 to 4064). The
 //   loads of x are volatile (load_hinted): pass 2 reads memory again. Each thread stores only
 //   packs it has read itself, after every thread has read the shift (the block sums' barriers
 //   come between), so y may be x.
@@ -260,11 +261,11 @@ __global__ void __launch_bounds__(BLOCK, MINB)
 
   T* __restrict__ yr = y + row * NR;
   const unsigned long long drop = l2_policy<false>();
-  cur = load_hinted(xr + t, drop);
+  cur = load_hinted<false>(xr + t, drop);  // read for the last time: past L1
 #pragma unroll
   for (int j = 0; j < NCH; ++j) {
     P next;
-    if (j + 1 < NCH) next = load_hinted(xr + (j + 1) * BLOCK + t, drop);
+    if (j + 1 < NCH) next = load_hinted<false>(xr + (j + 1) * BLOCK + t, drop);
     const int col = (j * BLOCK + t) * VEC;
     A o[VEC];
 #pragma unroll
