@@ -70,15 +70,15 @@ Thresholds and why (H200, bf16, M*N = 2**27; scripts/tune.py, data in docs/):
   12288, 16384: 512 threads of 2-4) stream instead (layer_norm_fwd.cu ln_fwd_stream): a block
   per row sums it from HBM and reads it again from L2 for y, 32 registers a thread at
   FWD_STREAM_THREADS an SM (H200, M*N = 2**27, one process, best of 5, three x rotated between
-  calls, GB/s against the register rows: bf16 N=4096 4138 / 4038, 6144 4041 / 4046, 8192 3970 /
-  3965, 12288 4108 / 3973, 16384 3999 / 3980; fp16 4146 / 4023, 4029 / 4031, 3995 / 3962, 4112
-  / 3985, 3927 / 3978). More packs a thread lost (bf16 N=8192 over 256 threads 3784 against
-  3964, 10240 3681, 14336 3436, 16384 3251; 20480 over 512: 3844 / 3907; 24576 3681; 32768 3745
-  over 1024 threads against 3869), as did blocks of 1024 (N=16384 3547), x loaded past L1 in
-  either pass (N=8192 3791, 12288 3819) and, in a first form, a grid-stride row loop (N=4096
-  2096). On an H100 SXM (3.35 TB/s), whose register rows reach 97% of its copy bandwidth, that
-  first form lost 1-5% (bf16 N=4096 2869 / 2929, 16384 2778 / 2922; level at 8192, 2944 /
-  2932): hence the DRAM gate;
+  calls, GB/s against the register rows: bf16 N=4096 4151 / 4007, 6144 4069 / 4023, 8192 4042 /
+  3938, 12288 4109 / 3958, 16384 4012 / 3965; fp16 4140 / 3990, 4066 / 4018, 4061 / 3946, 4111
+  / 3974, 3944 / 3955). More packs a thread lost (bf16 N=8192 over 256 threads 3784 against
+  3964, 10240 3681, 14336 3436, 16384 3251; 20480 over 512: 3844 / 3907; 24576 3681), as did
+  blocks of 1024 (N=16384 3554 / 3955; 32768 level, 3876 / 3870), x loaded past L1 in pass 1
+  too (N=8192 3791, 12288 3819) and, in a first form, a grid-stride row loop (N=4096 2096). On
+  an H100 SXM (3.35 TB/s), whose register rows reach 97% of its copy bandwidth, that first
+  form lost 1-5% (bf16 N=4096 2869 / 2929, 16384 2778 / 2922; level at 8192, 2944 / 2932):
+  hence the DRAM gate;
 * the backward's 16-bit rows of at least BWD_REG_AHEAD_BLOCK threads copy the next row's x and
   dy into shared memory with cp.async while a row is computed (layer_norm_bwd.cu, AHEAD): bf16
   N=8192 3169 GB/s against 2805, N=4096 3501 / 3396, fp16 M=4096 N=8192 2615 / 2395. Smaller

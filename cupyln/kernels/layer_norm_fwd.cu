@@ -188,7 +188,7 @@ __global__ void __launch_bounds__(BLOCK, MINB)
 //   y = (x - (k + mean)) * rstd * w + b.
 //   A thread needs 32 registers: MINB * BLOCK = 2048 threads an SM, where the register rows
 //   that hold the row get 1536 at 40 (H200, bf16, M*N = 2**27, x read from HBM once: N = 4096
-//   4138 GB/s against 4038, 12288 4108 / 3973, 16384 3999 / 3980 with three x rotated between
+//   4151 GB/s against 4007, 12288 4109 / 3958, 16384 4012 / 3965 with three x rotated between
 //   calls; Nsight Compute of its prototype: 268-270 MB read from DRAM a call, x once). Its
 //   shape is measured: a grid-stride loop over rows halved it (N = 4096: 2096 GB/s), the
 //   statistics stored after y cost 5-7% at N = 12288-16384, and without the policies pass 2
