@@ -250,8 +250,8 @@ FWD_LAG_BLOCK = 384
 FWD_STREAM_SHAPES = ((512, (2, 3, 4)), (256, (2, 3)))
 FWD_STREAM_THREADS = 2048
 # ...taken on devices whose peak DRAM bandwidth an SM is at least this (bytes/s): on an H200 (4.8
-# TB/s, 132 SMs: 37 GB/s an SM) it gained, on an H100 SXM (3.35 TB/s: 25 GB/s an SM), whose
-# register rows reach 97% of its copy bandwidth, it lost (module notes)
+# TB/s, 132 SMs: 37 GB/s an SM) it gained; on an H100 SXM (3.35 TB/s: 25 GB/s an SM), whose
+# register rows reach 97% of its copy bandwidth, its first form lost (module notes)
 FWD_STREAM_DRAM_PER_SM = 30e9
 # Row tiers: 256 threads measured faster than 512 where two or more blocks share an SM and
 # overlap their phases (forward N=8192 1689 against 983 GB/s, backward N=12288 1478 against
@@ -950,12 +950,12 @@ def backward_grid(m: int, plan: Plan, capacity: int, sm_count: int) -> int:
 
 def forward_grid(m: int, plan: Plan, capacity: int) -> int:
     """Blocks of a forward launch: the register and stream tiers' single blocks take a block
-    per group of rows and let the hardware schedule them as resident blocks finish (bf16
-    N=16384 3831 GB/s against 3459 for a persistent grid, N=512 3863 / 3560); the register
-    tier's clusters and the staging tiers keep persistent grids (``capacity`` resident blocks,
-    or clusters): clusters that walk rows measured faster than a cluster per row (H200,
-    M*N = 2**27: bf16 N=65536 3269 against 2887 GB/s, fp16 3244 / 2923;
-    kernels/layer_norm_fwd.cu, ln_fwd_reg_cluster)."""
+    per group of rows (the stream tier's groups are one row) and let the hardware schedule
+    them as resident blocks finish (bf16 N=16384 3831 GB/s against 3459 for a persistent grid,
+    N=512 3863 / 3560); the register tier's clusters and the staging tiers keep persistent
+    grids (``capacity`` resident blocks, or clusters): clusters that walk rows measured faster
+    than a cluster per row (H200, M*N = 2**27: bf16 N=65536 3269 against 2887 GB/s, fp16 3244 /
+    2923; kernels/layer_norm_fwd.cu, ln_fwd_reg_cluster)."""
     if plan.tier in ("reg", "stream") and plan.cluster == 1:
         return max(1, min(_cdiv(m, plan.rows), MAX_GRID))
     return grid_size(m, plan.rows, capacity) * plan.cluster
