@@ -67,13 +67,17 @@ Thresholds and why (H200, bf16, M*N = 2**27; scripts/tune.py, data in docs/):
 * in long launches of at most MAX_GRID rows on sm_90 devices with fast DRAM
   (FWD_STREAM_DRAM_PER_SM), 16-bit rows in 16-byte vectors with 16-bit w and b whose packs split
   evenly over one of FWD_STREAM_SHAPES (N = 4096, 6144: 256 threads of 2 or 3 packs; 8192,
-  12288, 16384: 512 threads of 2-4) stream instead (layer_norm_fwd.cu ln_fwd_stream): a block
+  12288, 16384: 512 threads of 2-4; 5120, 7680, 10240: 320 threads of 2-4; 14336: 448 of 4;
+  20480: 640 of 4) stream instead (layer_norm_fwd.cu ln_fwd_stream): a block
   per row sums it from HBM and reads it again from L2 for y, 32 registers a thread at
   FWD_STREAM_THREADS an SM (H200, M*N = 2**27, one process, best of 5, three x rotated between
   calls, GB/s against the register rows: bf16 N=4096 4151 / 4007, 6144 4069 / 4023, 8192 4042 /
   3938, 12288 4109 / 3958, 16384 4012 / 3965; fp16 4140 / 3990, 4066 / 4018, 4061 / 3946, 4111
-  / 3974, 3944 / 3955). More packs a thread lost (bf16 N=8192 over 256 threads 3784 against
-  3964, 10240 3681, 14336 3436, 16384 3251; 20480 over 512: 3844 / 3907; 24576 3681), as did
+  / 3974, 3944 / 3955; copy 4254, bf16 (fp16): N=5120 4122 / 4014 (4088 / 4019), 7680 4117 /
+  4005 (4119 / 4008), 10240 4034 / 3980 (4032 / 3978), 14336 4065 / 3950 (4062 / 3956), 20480
+  4057 / 3906 (4061 / 3923); 7168 over 448 threads of 2 lost, 3976 / 4021). More packs a
+  thread lost (bf16 N=8192 over 256 threads 3784 against 3964, 10240 3681, 14336 3436, 16384
+  3251; 20480 over 512: 3844 / 3907; 24576 3681), as did
   blocks of 1024 (N=16384 3554 / 3955; 32768 level, 3876 / 3870), x loaded past L1 in pass 1
   too (N=8192 3791, 12288 3819) and, in a first form, a grid-stride row loop (N=4096 2096). On
   an H100 SXM (3.35 TB/s), whose register rows reach 97% of its copy bandwidth, that first
@@ -245,9 +249,10 @@ FWD_STAGE_WB_SM = 200 * 1024
 # bf16 N=65536 3371 / 3373, fp16 3323 / 3402; 4 vectors at two blocks of 512, 2544 / 3383
 # (issue-bound, on fewer warps).
 FWD_LAG_BLOCK = 384
-# The forward's stream tier (module notes): (threads a block, packs a thread) it takes, and its
-# launch bounds' threads per SM.
-FWD_STREAM_SHAPES = ((512, (2, 3, 4)), (256, (2, 3)))
+# The forward's stream tier (module notes): (threads a block, packs a thread) it takes, the
+# first that fits a row, and its launch bounds' threads per SM (at most: blocks of 320, 448 and
+# 640 threads fit 1920, 1792 and 1920).
+FWD_STREAM_SHAPES = ((512, (2, 3, 4)), (256, (2, 3)), (320, (2, 3, 4)), (448, (4,)), (640, (4,)))
 FWD_STREAM_THREADS = 2048
 # ...taken on devices whose peak DRAM bandwidth an SM is at least this (bytes/s): on an H200 (4.8
 # TB/s, 132 SMs: 37 GB/s an SM) it gained; on an H100 SXM (3.35 TB/s: 25 GB/s an SM), whose

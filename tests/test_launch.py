@@ -459,15 +459,26 @@ def test_short_launches_keep_fewer_vectors():
 
 def test_stream_16bit_rows():
     """On sm_90 with fast DRAM, long launches of 16-bit rows in 16-byte vectors with 16-bit w
-    and b stream where the row's packs split evenly over 512 threads of 2-4 or 256 threads of
-    2-3 (a block per row, 2048 threads an SM), w and b present or not as compile-time flags;
-    other widths, dtypes, devices, short launches and launches of more rows than a grid holds
-    keep their tiers."""
+    and b stream where the row's packs split evenly over 512 threads of 2-4, 256 of 2-3, 320 of
+    2-4, 448 of 4 or 640 of 4 (a block per row, up to 2048 threads an SM), w and b present or
+    not as compile-time flags; other widths, dtypes, devices, short launches and launches of
+    more rows than a grid holds keep their tiers."""
     bf16 = [d for d in DTYPES if d.name == "bfloat16"][0]
     fp16 = np.dtype(np.float16)
     f32 = np.dtype(np.float32)
     h100 = _launch.MAX_CLUSTER
-    shapes = {4096: (256, 2), 6144: (256, 3), 8192: (512, 2), 12288: (512, 3), 16384: (512, 4)}
+    shapes = {
+        4096: (256, 2),
+        5120: (320, 2),
+        6144: (256, 3),
+        7680: (320, 3),
+        8192: (512, 2),
+        10240: (320, 4),
+        12288: (512, 3),
+        14336: (448, 4),
+        16384: (512, 4),
+        20480: (640, 4),
+    }
     for n in range(512, 65537, 512):
         for x, w, b in ((bf16, bf16, bf16), (fp16, fp16, fp16), (fp16, bf16, fp16)):
             p = _launch.forward_plan(n, x, w, b, 8, SMEM_H100, h100, stream=True)
@@ -476,9 +487,10 @@ def test_stream_16bit_rows():
                 assert p.tier != "stream", (n, p)
                 continue
             block, steps = shapes[n]
+            minb = 2048 // block  # blocks an SM: 2048 threads or the most under it
             got = (p.tier, p.block, p.tpr, p.items, p.rows, p.threads)
-            assert got == ("stream", block, block, steps, 1, 2048), (n, p)
-            assert p.expr.endswith(f", 8, {block}, {steps}, {2048 // block}, true, true>"), p
+            assert got == ("stream", block, block, steps, 1, minb * block), (n, p)
+            assert p.expr.endswith(f", 8, {block}, {steps}, {minb}, true, true>"), p
             assert _launch.forward_grid(70000, p, 0) == 70000  # a block per row
             for affine in ((True, False), (False, True), (False, False)):
                 q = _launch.forward_plan(n, x, w, b, 8, SMEM_H100, h100, stream=True, affine=affine)

@@ -163,7 +163,7 @@ STREAM = [
 ]
 
 
-@pytest.mark.parametrize("n", [4096, 6144, 8192, 12288, 16384])
+@pytest.mark.parametrize("n", [4096, 5120, 6144, 7680, 8192, 10240, 12288, 14336, 16384, 20480])
 @pytest.mark.parametrize("xdt,wdt,bdt", STREAM, ids=["-".join(map(str, c)) for c in STREAM])
 def test_forward_stream_rows(monkeypatch, xdt, wdt, bdt, n):
     """The 16-bit rows that stream in long launches on sm_90 with fast DRAM (ln_fwd_stream, a
