@@ -20,7 +20,7 @@
 // except in the stream tier, a block per row.
 // Vector width VEC is chosen by the host so that N, the row stride and every pointer are
 // multiples of VEC elements (16-byte accesses where possible).
-// On sm_90, 16-bit rows of some widths from 4K to 16K elements stream instead (ln_fwd_stream: a
+// On sm_90, 16-bit rows of some widths from 4K to 20K elements stream instead (ln_fwd_stream: a
 // block per row reads it from HBM and again from L2, at more resident threads than registers
 // holding the row allow). Rows too wide for one block's registers at several blocks an SM
 // split over a thread-block cluster of register blocks (ln_fwd_reg_cluster). Other rows past
@@ -173,7 +173,7 @@ __global__ void __launch_bounds__(BLOCK, MINB)
   }
 }
 
-// Tier "stream" (sm_90, 16-bit rows of 4K-16K elements in long launches; _launch.py says which):
+// Tier "stream" (sm_90, 16-bit rows of 4K-20K elements in long launches; _launch.py says which):
 // a block per row that reads the row twice and holds none of it.
 //   N = NCH * BLOCK * VEC exactly (16-byte packs): thread t owns packs t + j * BLOCK, j < NCH,
 //   one pack a step. Pass 1 loads the packs under an L2 evict_last policy, the next in flight
