@@ -186,7 +186,8 @@ __global__ void __launch_bounds__(BLOCK, MINB)
 //   evict_first, from L1 or L2 where pass 1 left it and without allocating it in L1 (the
 //   other blocks' rows and w and b stay there), the next pack in flight, and writes
 //   y = (x - (k + mean)) * rstd * w + b.
-//   A thread needs 32 registers: MINB * BLOCK = 2048 threads an SM, where the register rows
+//   A thread needs 32 registers: MINB * BLOCK = 2048 threads an SM (1792-1920 in blocks that do
+//   not divide it), where the register rows
 //   that hold the row get 1536 at 40 (H200, bf16, M*N = 2**27, x read from HBM once: N = 4096
 //   4151 GB/s against 4007, 12288 4109 / 3958, 16384 4012 / 3965 with three x rotated between
 //   calls; Nsight Compute of its prototype: 268-270 MB read from DRAM a call, x once). Its
@@ -199,7 +200,7 @@ __global__ void __launch_bounds__(BLOCK, MINB)
 //   packs it has read itself, after every thread has read the shift (the block sums' barriers
 //   come between), so y may be x.
 //   HAS_W / HAS_B: w / b given (non-null); compile-time flags, as a run-time test of each
-//   pointer inside pass 2 made ptxas spill 24-40 bytes a thread at 3 and 4 packs (now up to 8
+//   pointer inside pass 2 made ptxas spill 24-40 bytes a thread at 3 and 4 packs (now up to 16
 //   with both given, 20 without one or both).
 // Limits: 16-byte packs; N == NCH * BLOCK * VEC; one block per row (grid == M, M < 2**31).
 template <typename T, typename TW, typename TB, int VEC, int BLOCK, int NCH, int MINB, bool HAS_W,
