@@ -68,14 +68,19 @@ Thresholds and why (H200, bf16, M*N = 2**27; scripts/tune.py, data in docs/):
   (FWD_STREAM_DRAM_PER_SM), 16-bit rows in 16-byte vectors with 16-bit w and b whose packs split
   evenly over one of FWD_STREAM_SHAPES (N = 4096, 6144: 256 threads of 2 or 3 packs; 8192,
   12288, 16384: 512 threads of 2-4; 5120, 7680, 10240: 320 threads of 2-4; 14336: 448 of 4;
-  20480: 640 of 4) stream instead (layer_norm_fwd.cu ln_fwd_stream): a block
-  per row sums it from HBM and reads it again from L2 for y, 32 registers a thread at
+  20480: 640 of 4; 2048, 3072: 128 of 2-3; 1024, 1536: 64 of 2-3; 512: a warp of 2, four rows
+  a block) stream instead (layer_norm_fwd.cu ln_fwd_stream): the threads
+  of a row sum it from HBM and read it again from L1 or L2 for y, 32 registers a thread at
   FWD_STREAM_THREADS an SM (H200, M*N = 2**27, one process, best of 5, three x rotated between
   calls, GB/s against the register rows: bf16 N=4096 4151 / 4007, 6144 4069 / 4023, 8192 4042 /
   3938, 12288 4109 / 3958, 16384 4012 / 3965; fp16 4140 / 3990, 4066 / 4018, 4061 / 3946, 4111
   / 3974, 3944 / 3955; copy 4254, bf16 (fp16): N=5120 4122 / 4014 (4088 / 4019), 7680 4117 /
   4005 (4119 / 4008), 10240 4034 / 3980 (4032 / 3978), 14336 4065 / 3950 (4062 / 3956), 20480
-  4057 / 3906 (4061 / 3923); 7168 over 448 threads of 2 lost, 3976 / 4021). More packs a
+  4057 / 3906 (4061 / 3923); 7168 over 448 threads of 2 lost, 3976 / 4021; copy 4250, bf16
+  (fp16): N=512 3990 / 3965 (3989 / 3974), 1024 4078 / 4012 (4069 / 4026), 1536 4023 / 3976
+  (4012 / 3972), 2048 4123 / 4073 (4122 / 4078), 3072 4045 / 4005 (4045 / 4017); one pack a
+  thread lost, N=1024 over 128 threads 3735 / 3983, as did rows of a warp at 3-4 packs, 768
+  3797 / 3972, 1024 3722 / 4008, and N=512 in blocks of 64 threads, 3978 / 3962). More packs a
   thread lost (bf16 N=8192 over 256 threads 3784 against 3964, 10240 3681, 14336 3436, 16384
   3251; 20480 over 512: 3844 / 3907; 24576 3681), as did
   blocks of 1024 (N=16384 3554 / 3955; 32768 level, 3876 / 3870), x loaded past L1 in pass 1
@@ -249,11 +254,22 @@ FWD_STAGE_WB_SM = 200 * 1024
 # bf16 N=65536 3371 / 3373, fp16 3323 / 3402; 4 vectors at two blocks of 512, 2544 / 3383
 # (issue-bound, on fewer warps).
 FWD_LAG_BLOCK = 384
-# The forward's stream tier (module notes): (threads a block, packs a thread) it takes, the
-# first that fits a row, and its launch bounds' threads per SM (at most: blocks of 320, 448 and
-# 640 threads fit 1920, 1792 and 1920).
-FWD_STREAM_SHAPES = ((512, (2, 3, 4)), (256, (2, 3)), (320, (2, 3, 4)), (448, (4,)), (640, (4,)))
+# The forward's stream tier (module notes): (threads a row, packs a thread) it takes, the
+# first that fits a row (a block a row, or a warp a row in blocks of FWD_STREAM_WARP_BLOCK), and
+# its launch bounds' threads per SM (at most: blocks of 320, 448 and 640 threads fit 1920, 1792
+# and 1920).
+FWD_STREAM_SHAPES = (
+    (512, (2, 3, 4)),
+    (256, (2, 3)),
+    (320, (2, 3, 4)),
+    (448, (4,)),
+    (640, (4,)),
+    (128, (2, 3)),
+    (64, (2, 3)),
+    (32, (2,)),
+)
 FWD_STREAM_THREADS = 2048
+FWD_STREAM_WARP_BLOCK = 128  # threads a block where a row takes a warp (4 rows a block)
 # ...taken on devices whose peak DRAM bandwidth an SM is at least this (bytes/s): on an H200 (4.8
 # TB/s, 132 SMs: 37 GB/s an SM) it gained; on an H100 SXM (3.35 TB/s: 25 GB/s an SM), whose
 # register rows reach 97% of its copy bandwidth, its first form lost (module notes)
@@ -425,7 +441,8 @@ def forward_launch_plan(m: int, n: int, x_dtype, w_dtype, b_dtype, vec: int, sme
     fits one wave at 768 threads lost at 1024 (3000 x 1024 1607 / 1555), as did one of two
     waves at either (4400 x 1024 1752 / 1664). ``dram_per_sm``: the device's peak DRAM bytes a
     second an SM; at FWD_STREAM_DRAM_PER_SM or more, long launches of at most MAX_GRID rows
-    may stream (forward_plan's ``stream``, a block per row). ``affine``: (w given, b given)."""
+    may stream (forward_plan's ``stream``: a block per row, or per four rows of a warp).
+    ``affine``: (w given, b given)."""
     items = forward_items(m, n, vec, sm_count)
     stream = dram_per_sm >= FWD_STREAM_DRAM_PER_SM and m <= MAX_GRID
     plan = forward_plan(n, x_dtype, w_dtype, b_dtype, vec, smem_limit, max_cluster, items,
@@ -473,12 +490,15 @@ def forward_plan(n: int, x_dtype, w_dtype, b_dtype, vec: int, smem_limit: int,
     sixteen = sixteen and max_cluster > 1
     streamed = _fwd_stream(n, vec) if stream and sixteen and items == FWD_REG_ITEMS else None
     if streamed is not None and not one_wave:
-        block, steps = streamed
+        tpr, steps = streamed
+        block = tpr if tpr > 32 else FWD_STREAM_WARP_BLOCK
         minb = FWD_STREAM_THREADS // block
-        expr = _compile.template("ln_fwd_stream", tx, tw, tb, vec, block, steps, minb, *affine)
+        args = (tx, tw, tb, vec, tpr, block, steps, minb, *affine)
+        expr = _compile.template("ln_fwd_stream", *args)
         return Plan(
-            _compile.FWD_SOURCE, expr, "stream", vec, steps, block, block, 1, 0, 1, minb * block
-        )
+            _compile.FWD_SOURCE, expr, "stream", vec, steps, tpr, block, block // tpr, 0, 1,
+            minb * block,
+        )  # fmt: skip
     if sixteen and n >= FWD_LEAN_FROM:
         shape4 = _reg_shape(n, vec, FWD_REG_ITEMS_SHORT * vec, block_max)
         if shape4 is not None and FWD_LEAN_THREADS % shape4[2] == 0:  # 192, 256, 384, 512
@@ -540,13 +560,13 @@ def forward_plan(n: int, x_dtype, w_dtype, b_dtype, vec: int, smem_limit: int,
 
 
 def _fwd_stream(n: int, vec: int):
-    """(threads a block, packs a thread) of the forward's stream tier for rows of N in packs of
-    VEC: the first of FWD_STREAM_SHAPES whose block splits the row's packs evenly into one of
+    """(threads a row, packs a thread) of the forward's stream tier for rows of N in packs of
+    VEC: the first of FWD_STREAM_SHAPES whose threads split the row's packs evenly into one of
     its counts, else None."""
     packs, rest = divmod(n, vec)
-    for block, steps in FWD_STREAM_SHAPES:
-        if not rest and packs % block == 0 and packs // block in steps:
-            return block, packs // block
+    for tpr, steps in FWD_STREAM_SHAPES:
+        if not rest and packs % tpr == 0 and packs // tpr in steps:
+            return tpr, packs // tpr
     return None
 
 
@@ -955,12 +975,13 @@ def backward_grid(m: int, plan: Plan, capacity: int, sm_count: int) -> int:
 
 def forward_grid(m: int, plan: Plan, capacity: int) -> int:
     """Blocks of a forward launch: the register and stream tiers' single blocks take a block
-    per group of rows (the stream tier's groups are one row) and let the hardware schedule
-    them as resident blocks finish (bf16 N=16384 3831 GB/s against 3459 for a persistent grid,
-    N=512 3863 / 3560); the register tier's clusters and the staging tiers keep persistent
-    grids (``capacity`` resident blocks, or clusters): clusters that walk rows measured faster
-    than a cluster per row (H200, M*N = 2**27: bf16 N=65536 3269 against 2887 GB/s, fp16 3244 /
-    2923; kernels/layer_norm_fwd.cu, ln_fwd_reg_cluster)."""
+    per group of rows (the stream tier's: one row, or FWD_STREAM_WARP_BLOCK / 32 rows of a
+    warp) and let the hardware schedule them as resident blocks finish (bf16 N=16384 3831 GB/s
+    against 3459 for a persistent grid, N=512 3863 / 3560); the register tier's clusters and
+    the staging tiers keep persistent grids (``capacity`` resident blocks, or clusters):
+    clusters that walk rows measured faster than a cluster per row (H200, M*N = 2**27: bf16
+    N=65536 3269 against 2887 GB/s, fp16 3244 / 2923; kernels/layer_norm_fwd.cu,
+    ln_fwd_reg_cluster)."""
     if plan.tier in ("reg", "stream") and plan.cluster == 1:
         return max(1, min(_cdiv(m, plan.rows), MAX_GRID))
     return grid_size(m, plan.rows, capacity) * plan.cluster

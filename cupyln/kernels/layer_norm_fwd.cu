@@ -20,9 +20,9 @@
 // except in the stream tier, a block per row.
 // Vector width VEC is chosen by the host so that N, the row stride and every pointer are
 // multiples of VEC elements (16-byte accesses where possible).
-// On sm_90, 16-bit rows of some widths from 4K to 20K elements stream instead (ln_fwd_stream: a
-// block per row reads it from HBM and again from L2, at more resident threads than registers
-// holding the row allow). Rows too wide for one block's registers at several blocks an SM
+// On sm_90, 16-bit rows of some widths from 512 to 20K elements stream instead (ln_fwd_stream:
+// the threads of a row read it from HBM and again from L1 or L2, at more resident threads than
+// registers holding the row allow). Rows too wide for one block's registers at several blocks an SM
 // split over a thread-block cluster of register blocks (ln_fwd_reg_cluster). Other rows past
 // the register tier that fit shared memory take the ring tier, kernels/jagged.cu ln_fwd_ring
 // (the next rows load while one is reduced), and rows too wide for one block's ring the
@@ -173,14 +173,15 @@ __global__ void __launch_bounds__(BLOCK, MINB)
   }
 }
 
-// Tier "stream" (sm_90, 16-bit rows of 4K-20K elements in long launches; _launch.py says which):
-// a block per row that reads the row twice and holds none of it.
-//   N = NCH * BLOCK * VEC exactly (16-byte packs): thread t owns packs t + j * BLOCK, j < NCH,
-//   one pack a step. Pass 1 loads the packs under an L2 evict_last policy, the next in flight
+// Tier "stream" (sm_90, 16-bit rows of 512-20K elements in long launches; _launch.py says
+// which): TPR threads per row that read the row twice and hold none of it, a block per row
+// (TPR == BLOCK) or, for rows of a warp, BLOCK / TPR rows a block.
+//   N = NCH * TPR * VEC exactly (16-byte packs): thread t of a row owns packs t + j * TPR,
+//   j < NCH, one pack a step. Pass 1 loads the packs under an L2 evict_last policy, the next in flight
 //   while one is summed; each pack's exact mean mj of x - k (k the row's first element) and
 //   its squared deviations x - (k + mj) merge into the thread's (mean, M2) by Chan et al.'s
-//   update, whose weights are compile-time constants (equal counts: no division). The block
-//   then merges the threads' states, of equal counts too: the row's mean is the mean of
+//   update, whose weights are compile-time constants (equal counts: no division). The row's
+//   threads then merge their states (across warps through shared memory, or within a warp), of equal counts too: the row's mean is the mean of
 //   theirs, its M2 the sum of theirs plus each count * (thread mean - row mean)^2 (never
 //   E[x^2] - E[x]^2). The statistics are stored, then pass 2 loads the row again under
 //   evict_first, from L1 or L2 where pass 1 left it and without allocating it in L1 (the
@@ -197,14 +198,19 @@ __global__ void __launch_bounds__(BLOCK, MINB)
 //   over 256 threads: 3251), as did x loaded past L1 in pass 1 too (pass 2 then misses L1;
 //   N = 8192 3791 against 3970, where pass 2 alone past L1 took 3970 to 4064). The
 //   loads of x are volatile (load_hinted): pass 2 reads memory again. Each thread stores only
-//   packs it has read itself, after every thread has read the shift (the block sums' barriers
-//   come between), so y may be x.
+//   packs it has read itself, after every thread of its row has read the shift (the row's sums,
+//   barriers or warp shuffles, come between), so y may be x.
 //   HAS_W / HAS_B: w / b given (non-null); compile-time flags, as a run-time test of each
 //   pointer inside pass 2 made ptxas spill 24-40 bytes a thread at 3 and 4 packs (now up to 16
 //   with both given, 20 without one or both).
-// Limits: 16-byte packs; N == NCH * BLOCK * VEC; one block per row (grid == M, M < 2**31).
-template <typename T, typename TW, typename TB, int VEC, int BLOCK, int NCH, int MINB, bool HAS_W,
-          bool HAS_B>
+//   Narrow rows (N = 512-3072) stream at 2-3 packs a thread: 32, 64 and 128 threads a row
+//   (bf16 N=512 3990 GB/s against 3965, 1024 4078 / 4012, 2048 4123 / 4073); 1 pack lost
+//   (N=1024 over 128 threads: 3735 / 3983), as did a warp of 3-4 (768: 3797 / 3972, 1024:
+//   3722 / 4008).
+// Limits: 16-byte packs; N == NCH * TPR * VEC; TPR == BLOCK, or TPR <= 32 dividing BLOCK;
+// ceil(M / (BLOCK / TPR)) blocks, a row a block or a group of rows, M < 2**31.
+template <typename T, typename TW, typename TB, int VEC, int TPR, int BLOCK, int NCH, int MINB,
+          bool HAS_W, bool HAS_B>
 __global__ void __launch_bounds__(BLOCK, MINB)
     ln_fwd_stream(const T* __restrict__ x, const i64 x_stride, T* __restrict__ y,
                   const TW* __restrict__ w, const TB* __restrict__ b,
@@ -214,10 +220,15 @@ __global__ void __launch_bounds__(BLOCK, MINB)
   typedef typename AccOf<T>::type A;
   typedef Pack<T, VEC> P;
   static_assert(sizeof(P) == 16 && BLOCK % 32 == 0 && BLOCK <= 1024 && NCH >= 1, "bad tiling");
-  constexpr int NR = NCH * BLOCK * VEC;  // N
-  __shared__ A red[2][BLOCK / 32];  // the mean's and the deviations' sums
-  const int t = threadIdx.x;
-  const i64 row = blockIdx.x;
+  static_assert(TPR == BLOCK || (TPR <= 32 && BLOCK % TPR == 0), "a row a block or a warp");
+  constexpr int NR = NCH * TPR * VEC;  // N
+  __shared__ A red[2][TPR > 32 ? TPR / 32 : 1];  // the mean's and the deviations' sums
+  int t = threadIdx.x;
+  i64 row = blockIdx.x;
+  if constexpr (TPR < BLOCK) {
+    row = row * (BLOCK / TPR) + t / TPR;
+    t %= TPR;
+  }
   if (row >= M) return;
 
   const P* __restrict__ xr = reinterpret_cast<const P*>(x + row * x_stride);
@@ -228,7 +239,7 @@ __global__ void __launch_bounds__(BLOCK, MINB)
 #pragma unroll
   for (int j = 0; j < NCH; ++j) {
     P next;
-    if (j + 1 < NCH) next = load_hinted(xr + (j + 1) * BLOCK + t, keep);
+    if (j + 1 < NCH) next = load_hinted(xr + (j + 1) * TPR + t, keep);
     A s = 0;
 #pragma unroll
     for (int e = 0; e < VEC; ++e) s += widen_at<A>(cur, e) - k;
@@ -250,9 +261,9 @@ __global__ void __launch_bounds__(BLOCK, MINB)
     }
     if (j + 1 < NCH) cur = next;
   }
-  const A mr = group_sum<BLOCK, false>(mu, red[0]) * (A(1) / A(BLOCK));
+  const A mr = group_sum<TPR, false>(mu, red[0]) * (A(1) / A(TPR));
   const A dm = mu - mr;
-  const A ss = group_sum<BLOCK, false>(m2 + A(NCH * VEC) * dm * dm, red[1]);
+  const A ss = group_sum<TPR, false>(m2 + A(NCH * VEC) * dm * dm, red[1]);
   const A r = rsqrt_acc(ss * (A(1) / A(NR)) + eps);
   const A off = k + mr;
   if (t == 0 && mean != nullptr) {
@@ -266,8 +277,8 @@ __global__ void __launch_bounds__(BLOCK, MINB)
 #pragma unroll
   for (int j = 0; j < NCH; ++j) {
     P next;
-    if (j + 1 < NCH) next = load_hinted<false>(xr + (j + 1) * BLOCK + t, drop);
-    const int col = (j * BLOCK + t) * VEC;
+    if (j + 1 < NCH) next = load_hinted<false>(xr + (j + 1) * TPR + t, drop);
+    const int col = (j * TPR + t) * VEC;
     A o[VEC];
 #pragma unroll
     for (int e = 0; e < VEC; ++e) o[e] = (widen_at<A>(cur, e) - off) * r;
