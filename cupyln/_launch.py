@@ -268,6 +268,11 @@ FWD_STREAM_SHAPES = (
     (64, (2, 3)),
     (32, (2,)),
 )
+# ...and (threads a row, packs a thread) of rows that fill at least FWD_STREAM_FILL of its
+# packs, more than its packs less one (the last packs of some threads past the row), tried
+# after those
+FWD_STREAM_PARTIAL = ((64, 2),)
+FWD_STREAM_FILL = 0.75
 FWD_STREAM_THREADS = 2048
 FWD_STREAM_WARP_BLOCK = 128  # threads a block where a row takes a warp (4 rows a block)
 # ...taken on devices whose peak DRAM bandwidth an SM is at least this (bytes/s): on an H200 (4.8
@@ -490,10 +495,10 @@ def forward_plan(n: int, x_dtype, w_dtype, b_dtype, vec: int, smem_limit: int,
     sixteen = sixteen and max_cluster > 1
     streamed = _fwd_stream(n, vec) if stream and sixteen and items == FWD_REG_ITEMS else None
     if streamed is not None and not one_wave:
-        tpr, steps = streamed
+        tpr, steps, partial = streamed
         block = tpr if tpr > 32 else FWD_STREAM_WARP_BLOCK
         minb = FWD_STREAM_THREADS // block
-        args = (tx, tw, tb, vec, tpr, block, steps, minb, *affine)
+        args = (tx, tw, tb, vec, tpr, block, steps, minb, partial, *affine)
         expr = _compile.template("ln_fwd_stream", *args)
         return Plan(
             _compile.FWD_SOURCE, expr, "stream", vec, steps, tpr, block, block // tpr, 0, 1,
@@ -560,13 +565,19 @@ def forward_plan(n: int, x_dtype, w_dtype, b_dtype, vec: int, smem_limit: int,
 
 
 def _fwd_stream(n: int, vec: int):
-    """(threads a row, packs a thread) of the forward's stream tier for rows of N in packs of
-    VEC: the first of FWD_STREAM_SHAPES whose threads split the row's packs evenly into one of
-    its counts, else None."""
+    """(threads a row, packs a thread, partial) of the forward's stream tier for rows of N in
+    packs of VEC: the first of FWD_STREAM_SHAPES whose threads split the row's packs evenly
+    into one of its counts, else the first of FWD_STREAM_PARTIAL whose packs the row fills
+    enough (partial), else None."""
     packs, rest = divmod(n, vec)
+    if rest:
+        return None
     for tpr, steps in FWD_STREAM_SHAPES:
-        if not rest and packs % tpr == 0 and packs // tpr in steps:
-            return tpr, packs // tpr
+        if packs % tpr == 0 and packs // tpr in steps:
+            return tpr, packs // tpr, False
+    for tpr, steps in FWD_STREAM_PARTIAL:
+        if (steps - 1) * tpr < packs < steps * tpr and packs >= FWD_STREAM_FILL * steps * tpr:
+            return tpr, steps, True
     return None
 
 

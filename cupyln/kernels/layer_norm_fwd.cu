@@ -210,7 +210,7 @@ __global__ void __launch_bounds__(BLOCK, MINB)
 // Limits: 16-byte packs; N == NCH * TPR * VEC; TPR == BLOCK, or TPR <= 32 dividing BLOCK;
 // ceil(M / (BLOCK / TPR)) blocks, a row a block or a group of rows, M < 2**31.
 template <typename T, typename TW, typename TB, int VEC, int TPR, int BLOCK, int NCH, int MINB,
-          bool HAS_W, bool HAS_B>
+          bool PARTIAL, bool HAS_W, bool HAS_B>
 __global__ void __launch_bounds__(BLOCK, MINB)
     ln_fwd_stream(const T* __restrict__ x, const i64 x_stride, T* __restrict__ y,
                   const TW* __restrict__ w, const TB* __restrict__ b,
@@ -221,7 +221,8 @@ __global__ void __launch_bounds__(BLOCK, MINB)
   typedef Pack<T, VEC> P;
   static_assert(sizeof(P) == 16 && BLOCK % 32 == 0 && BLOCK <= 1024 && NCH >= 1, "bad tiling");
   static_assert(TPR == BLOCK || (TPR <= 32 && BLOCK % TPR == 0), "a row a block or a warp");
-  constexpr int NR = NCH * TPR * VEC;  // N
+  const int NR = PARTIAL ? N : NCH * TPR * VEC;  // N
+  const int packs = NR / VEC;
   __shared__ A red[2][TPR > 32 ? TPR / 32 : 1];  // the mean's and the deviations' sums
   int t = threadIdx.x;
   i64 row = blockIdx.x;
@@ -230,6 +231,8 @@ __global__ void __launch_bounds__(BLOCK, MINB)
     t %= TPR;
   }
   if (row >= M) return;
+  // PARTIAL: packs t + j * TPR past the row's are not read; every thread holds pack t (j = 0)
+  auto held = [&](const int j) { return !PARTIAL || j * TPR + t < packs; };
 
   const P* __restrict__ xr = reinterpret_cast<const P*>(x + row * x_stride);
   const A k = static_cast<A>(widen(x[row * x_stride]));  // the shift
@@ -239,7 +242,8 @@ __global__ void __launch_bounds__(BLOCK, MINB)
 #pragma unroll
   for (int j = 0; j < NCH; ++j) {
     P next;
-    if (j + 1 < NCH) next = load_hinted(xr + (j + 1) * TPR + t, keep);
+    if (j + 1 < NCH && held(j + 1)) next = load_hinted(xr + (j + 1) * TPR + t, keep);
+    if (!held(j)) break;
     A s = 0;
 #pragma unroll
     for (int e = 0; e < VEC; ++e) s += widen_at<A>(cur, e) - k;
@@ -261,9 +265,17 @@ __global__ void __launch_bounds__(BLOCK, MINB)
     }
     if (j + 1 < NCH) cur = next;
   }
-  const A mr = group_sum<TPR, false>(mu, red[0]) * (A(1) / A(TPR));
-  const A dm = mu - mr;
-  const A ss = group_sum<TPR, false>(m2 + A(NCH * VEC) * dm * dm, red[1]);
+  A mr, ss;  // the row's mean of x - k and its squared deviations
+  if constexpr (PARTIAL) {  // the threads' counts differ: weighted by them
+    const A c = A(VEC * min(NCH, (packs - 1 - t) / TPR + 1));
+    mr = group_sum<TPR, false>(c * mu, red[0]) / A(NR);
+    const A dm = mu - mr;
+    ss = group_sum<TPR, false>(m2 + c * dm * dm, red[1]);
+  } else {
+    mr = group_sum<TPR, false>(mu, red[0]) * (A(1) / A(TPR));
+    const A dm = mu - mr;
+    ss = group_sum<TPR, false>(m2 + A(NCH * VEC) * dm * dm, red[1]);
+  }
   const A r = rsqrt_acc(ss * (A(1) / A(NR)) + eps);
   const A off = k + mr;
   if (t == 0 && mean != nullptr) {
@@ -277,7 +289,8 @@ __global__ void __launch_bounds__(BLOCK, MINB)
 #pragma unroll
   for (int j = 0; j < NCH; ++j) {
     P next;
-    if (j + 1 < NCH) next = load_hinted<false>(xr + (j + 1) * TPR + t, drop);
+    if (j + 1 < NCH && held(j + 1)) next = load_hinted<false>(xr + (j + 1) * TPR + t, drop);
+    if (!held(j)) break;
     const int col = (j * TPR + t) * VEC;
     A o[VEC];
 #pragma unroll
