@@ -254,25 +254,16 @@ FWD_STAGE_WB_SM = 200 * 1024
 # bf16 N=65536 3371 / 3373, fp16 3323 / 3402; 4 vectors at two blocks of 512, 2544 / 3383
 # (issue-bound, on fewer warps).
 FWD_LAG_BLOCK = 384
-# The forward's stream tier (module notes): (threads a row, packs a thread) it takes, the
-# first that fits a row (a block a row, or a warp a row in blocks of FWD_STREAM_WARP_BLOCK), and
-# its launch bounds' threads per SM (at most: blocks of 320, 448 and 640 threads fit 1920, 1792
-# and 1920).
-FWD_STREAM_SHAPES = (
-    (512, (2, 3, 4)),
-    (256, (2, 3)),
-    (320, (2, 3, 4)),
-    (448, (4,)),
-    (640, (4,)),
-    (128, (2, 3)),
-    (64, (2, 3)),
-    (32, (2,)),
-)
-# ...and (threads a row, packs a thread) of rows that fill at least FWD_STREAM_FILL of its
-# packs, more than its packs less one (the last packs of some threads past the row), tried
-# after those
-FWD_STREAM_PARTIAL = ((64, 2),)
-FWD_STREAM_FILL = 0.75
+# The forward's stream tier (module notes): rows of up to 2 * FWD_STREAM_PAIRS packs take two a
+# thread, in the fewest warps that hold them, where they fill the row's packs (rows of a warp:
+# four a block of FWD_STREAM_WARP_BLOCK threads) or, past a warp, at least FWD_STREAM_FILL of
+# them (the last packs of some threads past the row); wider rows take the first of
+# FWD_STREAM_SHAPES, (threads a row, packs a thread), that splits them evenly, a block a row.
+# The launch bounds ask for FWD_STREAM_THREADS an SM (at most: blocks of 320, 448 and 640
+# threads fit 1920, 1792 and 1920).
+FWD_STREAM_PAIRS = 256
+FWD_STREAM_FILL = 0.875
+FWD_STREAM_SHAPES = ((512, (2, 3, 4)), (256, (2, 3)), (320, (2, 3, 4)), (448, (4,)), (640, (4,)))
 FWD_STREAM_THREADS = 2048
 FWD_STREAM_WARP_BLOCK = 128  # threads a block where a row takes a warp (4 rows a block)
 # ...taken on devices whose peak DRAM bandwidth an SM is at least this (bytes/s): on an H200 (4.8
@@ -566,18 +557,22 @@ def forward_plan(n: int, x_dtype, w_dtype, b_dtype, vec: int, smem_limit: int,
 
 def _fwd_stream(n: int, vec: int):
     """(threads a row, packs a thread, partial) of the forward's stream tier for rows of N in
-    packs of VEC: the first of FWD_STREAM_SHAPES whose threads split the row's packs evenly
-    into one of its counts, else the first of FWD_STREAM_PARTIAL whose packs the row fills
-    enough (partial), else None."""
+    packs of VEC (module notes): two packs a thread in the fewest warps, up to FWD_STREAM_PAIRS
+    threads, where the row fills them (partial: past a warp, FWD_STREAM_FILL of them); else the
+    first of FWD_STREAM_SHAPES whose threads split the row's packs evenly into one of its
+    counts; else None."""
     packs, rest = divmod(n, vec)
     if rest:
         return None
+    tpr = 32 * _cdiv(packs, 64)
+    if packs > 32 and tpr <= FWD_STREAM_PAIRS:
+        if packs == 2 * tpr:
+            return tpr, 2, False
+        if tpr > 32 and packs >= FWD_STREAM_FILL * 2 * tpr:
+            return tpr, 2, True
     for tpr, steps in FWD_STREAM_SHAPES:
         if packs % tpr == 0 and packs // tpr in steps:
             return tpr, packs // tpr, False
-    for tpr, steps in FWD_STREAM_PARTIAL:
-        if (steps - 1) * tpr < packs < steps * tpr and packs >= FWD_STREAM_FILL * steps * tpr:
-            return tpr, steps, True
     return None
 
 
