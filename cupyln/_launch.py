@@ -65,22 +65,31 @@ Thresholds and why (H200, bf16, M*N = 2**27; scripts/tune.py, data in docs/):
   with clusters): at 40 registers float32 w or b spill, and sm_80's ptxas spills 8 bytes in
   blocks of 192, 384 and 448 threads;
 * in long launches of at most MAX_GRID rows on sm_90 devices with fast DRAM
-  (FWD_STREAM_DRAM_PER_SM), 16-bit rows in 16-byte vectors with 16-bit w and b whose packs split
-  evenly over one of FWD_STREAM_SHAPES (N = 4096, 6144: 256 threads of 2 or 3 packs; 8192,
-  12288, 16384: 512 threads of 2-4; 5120, 7680, 10240: 320 threads of 2-4; 14336: 448 of 4;
-  20480: 640 of 4; 2048, 3072: 128 of 2-3; 1024, 1536: 64 of 2-3; 512: a warp of 2, four rows
-  a block) stream instead (layer_norm_fwd.cu ln_fwd_stream): the threads
-  of a row sum it from HBM and read it again from L1 or L2 for y, 32 registers a thread at
-  FWD_STREAM_THREADS an SM (H200, M*N = 2**27, one process, best of 5, three x rotated between
-  calls, GB/s against the register rows: bf16 N=4096 4151 / 4007, 6144 4069 / 4023, 8192 4042 /
-  3938, 12288 4109 / 3958, 16384 4012 / 3965; fp16 4140 / 3990, 4066 / 4018, 4061 / 3946, 4111
-  / 3974, 3944 / 3955; copy 4254, bf16 (fp16): N=5120 4122 / 4014 (4088 / 4019), 7680 4117 /
-  4005 (4119 / 4008), 10240 4034 / 3980 (4032 / 3978), 14336 4065 / 3950 (4062 / 3956), 20480
-  4057 / 3906 (4061 / 3923); 7168 over 448 threads of 2 lost, 3976 / 4021; copy 4250, bf16
-  (fp16): N=512 3990 / 3965 (3989 / 3974), 1024 4078 / 4012 (4069 / 4026), 1536 4023 / 3976
-  (4012 / 3972), 2048 4123 / 4073 (4122 / 4078), 3072 4045 / 4005 (4045 / 4017); one pack a
-  thread lost, N=1024 over 128 threads 3735 / 3983, as did rows of a warp at 3-4 packs, 768
-  3797 / 3972, 1024 3722 / 4008, and N=512 in blocks of 64 threads, 3978 / 3962). More packs a
+  (FWD_STREAM_DRAM_PER_SM), 16-bit rows in 16-byte vectors with 16-bit w and b stream instead
+  (layer_norm_fwd.cu ln_fwd_stream): the threads of a row sum it from HBM and read it again
+  from L1 or L2 for y, 32 registers a thread at FWD_STREAM_THREADS an SM. Rows of up to
+  2 * FWD_STREAM_PAIRS packs take two packs a thread in the fewest warps where they fill them
+  (N = 512, a warp a row, four rows a block; 1024, 1536, ..., 4096: 64-256 threads, a block a
+  row), and N = 896-1016 in 64 threads, the last packs of some threads past the row (partial);
+  wider rows whose packs split evenly over one of FWD_STREAM_SHAPES (N = 6144: 256 threads of
+  3 packs; 8192, 12288, 16384: 512 threads of 2-4; 5120, 7680, 10240: 320 threads of 2-4;
+  14336: 448 of 4; 20480: 640 of 4), a block a row. H200, M*N = 2**27, one process, best of 5,
+  three x rotated between calls, GB/s against the register rows: bf16 N=4096 4151 / 4007, 6144
+  4069 / 4023, 8192 4042 / 3938, 12288 4109 / 3958, 16384 4012 / 3965; fp16 4140 / 3990, 4066
+  / 4018, 4061 / 3946, 4111 / 3974, 3944 / 3955; copy 4254, bf16 (fp16): N=5120 4122 / 4014
+  (4088 / 4019), 7680 4117 / 4005 (4119 / 4008), 10240 4034 / 3980 (4032 / 3978), 14336 4065 /
+  3950 (4062 / 3956), 20480 4057 / 3906 (4061 / 3923); 7168 over 448 threads of 2 lost, 3976
+  / 4021. Narrow rows (copy 4226-4255), bf16 (fp16): N=512 3994 / 3962 (3981 / 3974), 1024 4071
+  / 4006 (4076 / 4017), 1536 4099 / 3953 (4055 / 3957), 2048 4126 / 4073 (4121 / 4071), 2560
+  4148 / 4037, 3072 4146 / 3991 (4099 / 3995), 3584 4175 / 3825; partial: 896 3839 / 3779 (3880
+  / 3800), 1000 3976 / 3929 (3977 / 3923). Partial rows of more threads lost but where the
+  register rows are weak (1400 3865 / 3920, 2240 3798 / 3924, 2400 3823 / 3971, 3000 3846 /
+  3929, 4000 3858 / 3918; 1792 3967 / 3874, 3136 3746 / 3562), as did rows of 64 threads
+  filling 3/4 (768 3643 / 3973, 1152 3680 / 3960) and a warp's partial rows (480 3662 / 3886).
+  Other shapes of narrow rows lost: one pack a thread (N=1024 over 128 threads 3735 / 3983),
+  a warp of 3-4 packs (768 3797 / 3972, 1024 3722 / 4008), three packs where two fit (1536
+  over 64 threads 4020, 3072 over 128 4041-4052); blocks of 64 threads for rows of a warp
+  (N=512 3978 / 3962) and of 256 about level with 128 (3996 / 3970, fp16). More packs a
   thread lost (bf16 N=8192 over 256 threads 3784 against 3964, 10240 3681, 14336 3436, 16384
   3251; 20480 over 512: 3844 / 3907; 24576 3681), as did
   blocks of 1024 (N=16384 3554 / 3955; 32768 level, 3876 / 3870), x loaded past L1 in pass 1
@@ -255,13 +264,14 @@ FWD_STAGE_WB_SM = 200 * 1024
 # (issue-bound, on fewer warps).
 FWD_LAG_BLOCK = 384
 # The forward's stream tier (module notes): rows of up to 2 * FWD_STREAM_PAIRS packs take two a
-# thread, in the fewest warps that hold them, where they fill the row's packs (rows of a warp:
-# four a block of FWD_STREAM_WARP_BLOCK threads) or, past a warp, at least FWD_STREAM_FILL of
-# them (the last packs of some threads past the row); wider rows take the first of
-# FWD_STREAM_SHAPES, (threads a row, packs a thread), that splits them evenly, a block a row.
-# The launch bounds ask for FWD_STREAM_THREADS an SM (at most: blocks of 320, 448 and 640
-# threads fit 1920, 1792 and 1920).
+# thread, in the fewest warps that hold them, where they fill those warps' packs (rows of a
+# warp: four a block of FWD_STREAM_WARP_BLOCK threads) or, in FWD_STREAM_PARTIAL threads, at
+# least FWD_STREAM_FILL of them (the last packs of some threads past the row); wider rows take
+# the first of FWD_STREAM_SHAPES, (threads a row, packs a thread), that splits them evenly, a
+# block a row. The launch bounds ask for FWD_STREAM_THREADS an SM (at most: blocks of 320, 448
+# and 640 threads fit 1920, 1792 and 1920).
 FWD_STREAM_PAIRS = 256
+FWD_STREAM_PARTIAL = 64
 FWD_STREAM_FILL = 0.875
 FWD_STREAM_SHAPES = ((512, (2, 3, 4)), (256, (2, 3)), (320, (2, 3, 4)), (448, (4,)), (640, (4,)))
 FWD_STREAM_THREADS = 2048
@@ -558,9 +568,9 @@ def forward_plan(n: int, x_dtype, w_dtype, b_dtype, vec: int, smem_limit: int,
 def _fwd_stream(n: int, vec: int):
     """(threads a row, packs a thread, partial) of the forward's stream tier for rows of N in
     packs of VEC (module notes): two packs a thread in the fewest warps, up to FWD_STREAM_PAIRS
-    threads, where the row fills them (partial: past a warp, FWD_STREAM_FILL of them); else the
-    first of FWD_STREAM_SHAPES whose threads split the row's packs evenly into one of its
-    counts; else None."""
+    threads, where the row fills them (partial: in FWD_STREAM_PARTIAL threads, FWD_STREAM_FILL
+    of them); else the first of FWD_STREAM_SHAPES whose threads split the row's packs evenly
+    into one of its counts; else None."""
     packs, rest = divmod(n, vec)
     if rest:
         return None
@@ -568,7 +578,7 @@ def _fwd_stream(n: int, vec: int):
     if packs > 32 and tpr <= FWD_STREAM_PAIRS:
         if packs == 2 * tpr:
             return tpr, 2, False
-        if tpr > 32 and packs >= FWD_STREAM_FILL * 2 * tpr:
+        if tpr == FWD_STREAM_PARTIAL and packs >= FWD_STREAM_FILL * 2 * tpr:
             return tpr, 2, True
     for tpr, steps in FWD_STREAM_SHAPES:
         if packs % tpr == 0 and packs // tpr in steps:

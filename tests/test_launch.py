@@ -459,45 +459,43 @@ def test_short_launches_keep_fewer_vectors():
 
 def test_stream_16bit_rows():
     """On sm_90 with fast DRAM, long launches of 16-bit rows in 16-byte vectors with 16-bit w
-    and b stream where the row's packs split evenly over 512 threads of 2-4, 256 of 2-3, 320 of
-    2-4, 448 of 4 or 640 of 4 (a block per row, up to 2048 threads an SM), then 128 or 64 of 2-3
-    (a block per row) or a warp of 2 (four rows a block), w and b present or not as
-    compile-time flags; other widths, dtypes, devices, short launches and launches of more rows
-    than a grid holds keep their tiers."""
+    and b stream: rows of up to 512 packs two packs a thread in the fewest warps where they fill
+    them (a warp: four rows a block; else a block a row), or in 64 threads filling 7/8 or more
+    (partial), wider rows where their packs split evenly over 512 threads of 2-4, 256 of 2-3,
+    320 of 2-4, 448 of 4 or 640 of 4 (a block per row, up to 2048 threads an SM), w and b
+    present or not as compile-time flags; other widths, dtypes, devices, short launches and
+    launches of more rows than a grid holds keep their tiers."""
     bf16 = [d for d in DTYPES if d.name == "bfloat16"][0]
     fp16 = np.dtype(np.float16)
     f32 = np.dtype(np.float32)
     h100 = _launch.MAX_CLUSTER
-    shapes = {  # threads a row, packs a thread (a block a row but for rows of a warp)
-        512: (32, 2),
-        1024: (64, 2),
-        1536: (64, 3),
-        2048: (128, 2),
-        3072: (128, 3),
-        4096: (256, 2),
-        5120: (320, 2),
-        6144: (256, 3),
-        7680: (320, 3),
-        8192: (512, 2),
-        10240: (320, 4),
-        12288: (512, 3),
-        14336: (448, 4),
-        16384: (512, 4),
-        20480: (640, 4),
-    }
-    for n in range(512, 65537, 512):
+    shapes = {n: (n // 16, 2, False) for n in range(512, 4097, 512)}  # threads a row, packs
+    shapes.update({n: (64, 2, True) for n in range(896, 1024, 8)})  # 112-127 packs of 128
+    shapes.update({
+        5120: (320, 2, False),
+        6144: (256, 3, False),
+        7680: (320, 3, False),
+        8192: (512, 2, False),
+        10240: (320, 4, False),
+        12288: (512, 3, False),
+        14336: (448, 4, False),
+        16384: (512, 4, False),
+        20480: (640, 4, False),
+    })  # fmt: skip
+    for n in range(8, 65537, 8):
         for x, w, b in ((bf16, bf16, bf16), (fp16, fp16, fp16), (fp16, bf16, fp16)):
             p = _launch.forward_plan(n, x, w, b, 8, SMEM_H100, h100, stream=True)
-            assert _launch.forward_plan(n, x, w, b, 8, SMEM_H100, h100).tier != "stream"
             if n not in shapes:
                 assert p.tier != "stream", (n, p)
                 continue
-            tpr, steps = shapes[n]
+            assert _launch.forward_plan(n, x, w, b, 8, SMEM_H100, h100).tier != "stream"
+            tpr, steps, partial = shapes[n]
             block = 128 if tpr == 32 else tpr
             minb = 2048 // block  # blocks an SM: 2048 threads or the most under it
             got = (p.tier, p.block, p.tpr, p.items, p.rows, p.threads)
             assert got == ("stream", block, tpr, steps, block // tpr, minb * block), (n, p)
-            assert p.expr.endswith(f", 8, {tpr}, {block}, {steps}, {minb}, true, true>"), p
+            flag = "true" if partial else "false"
+            assert p.expr.endswith(f", 8, {tpr}, {block}, {steps}, {minb}, {flag}, true, true>"), p
             assert _launch.forward_grid(70001, p, 0) == -(-70001 // (block // tpr))
             for affine in ((True, False), (False, True), (False, False)):
                 q = _launch.forward_plan(n, x, w, b, 8, SMEM_H100, h100, stream=True, affine=affine)

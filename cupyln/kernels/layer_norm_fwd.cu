@@ -176,8 +176,8 @@ __global__ void __launch_bounds__(BLOCK, MINB)
 // Tier "stream" (sm_90, 16-bit rows of 512-20K elements in long launches; _launch.py says
 // which): TPR threads per row that read the row twice and hold none of it, a block per row
 // (TPR == BLOCK) or, for rows of a warp, BLOCK / TPR rows a block.
-//   N = NCH * TPR * VEC exactly (16-byte packs): thread t of a row owns packs t + j * TPR,
-//   j < NCH, one pack a step. Pass 1 loads the packs under an L2 evict_last policy, the next in flight
+//   N = NCH * TPR * VEC (16-byte packs; PARTIAL below): thread t of a row owns packs
+//   t + j * TPR, j < NCH, one pack a step. Pass 1 loads the packs under an L2 evict_last policy, the next in flight
 //   while one is summed; each pack's exact mean mj of x - k (k the row's first element) and
 //   its squared deviations x - (k + mj) merge into the thread's (mean, M2) by Chan et al.'s
 //   update, whose weights are compile-time constants (equal counts: no division). The row's
@@ -203,12 +203,17 @@ __global__ void __launch_bounds__(BLOCK, MINB)
 //   HAS_W / HAS_B: w / b given (non-null); compile-time flags, as a run-time test of each
 //   pointer inside pass 2 made ptxas spill 24-40 bytes a thread at 3 and 4 packs (now up to 16
 //   with both given, 20 without one or both).
-//   Narrow rows (N = 512-3072) stream at 2-3 packs a thread: 32, 64 and 128 threads a row
-//   (bf16 N=512 3990 GB/s against 3965, 1024 4078 / 4012, 2048 4123 / 4073); 1 pack lost
-//   (N=1024 over 128 threads: 3735 / 3983), as did a warp of 3-4 (768: 3797 / 3972, 1024:
-//   3722 / 4008).
-// Limits: 16-byte packs; N == NCH * TPR * VEC; TPR == BLOCK, or TPR <= 32 dividing BLOCK;
-// ceil(M / (BLOCK / TPR)) blocks, a row a block or a group of rows, M < 2**31.
+//   Narrow rows (N = 512-4096) stream at 2 packs a thread, 32-256 threads a row (bf16 N=512
+//   3994 GB/s against 3962 for the register rows, 1024 4071 / 4006, 1536 4099 / 3953, 3584
+//   4175 / 3825); 1 pack lost (N=1024 over 128 threads: 3735 / 3983), as did a warp of 3-4
+//   (768: 3797 / 3972, 1024: 3722 / 4008) and 3 packs where 2 fit (1536 over 64: 4020).
+//   PARTIAL: the row's packs P fill only some of the NCH * TPR slots, P > (NCH - 1) * TPR (every
+//   thread holds its first pack): a thread skips its packs past the row, and the row's threads
+//   merge their states weighted by their counts (N = 896-1016 over 64 threads: bf16 N=1000 3976
+//   / 3929; rows filling less, or of more threads, lost, _launch.py).
+// Limits: 16-byte packs; N == NCH * TPR * VEC, or PARTIAL and (NCH - 1) * TPR < N / VEC <=
+// NCH * TPR; TPR == BLOCK, or TPR <= 32 dividing BLOCK; ceil(M / (BLOCK / TPR)) blocks, a row
+// a block or a group of rows, M < 2**31.
 template <typename T, typename TW, typename TB, int VEC, int TPR, int BLOCK, int NCH, int MINB,
           bool PARTIAL, bool HAS_W, bool HAS_B>
 __global__ void __launch_bounds__(BLOCK, MINB)
