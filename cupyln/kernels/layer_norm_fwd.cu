@@ -22,8 +22,8 @@
 // multiples of VEC elements (16-byte accesses where possible).
 // On sm_90, 16-bit rows of some widths from 512 to 20K elements stream instead (ln_fwd_stream:
 // the threads of a row read it from HBM and again from L1 or L2, at more resident threads than
-// registers holding the row allow). Rows too wide for one block's registers at several blocks an SM
-// split over a thread-block cluster of register blocks (ln_fwd_reg_cluster). Other rows past
+// registers holding the row allow). Rows too wide for one block's registers at several blocks
+// an SM split over a thread-block cluster of register blocks (ln_fwd_reg_cluster). Other rows past
 // the register tier that fit shared memory take the ring tier, kernels/jagged.cu ln_fwd_ring
 // (the next rows load while one is reduced), and rows too wide for one block's ring the
 // cluster tier below (sm_90); cupyln/_launch.py chooses.
@@ -177,12 +177,13 @@ __global__ void __launch_bounds__(BLOCK, MINB)
 // which): TPR threads per row that read the row twice and hold none of it, a block per row
 // (TPR == BLOCK) or, for rows of a warp, BLOCK / TPR rows a block.
 //   N = NCH * TPR * VEC (16-byte packs; PARTIAL below): thread t of a row owns packs
-//   t + j * TPR, j < NCH, one pack a step. Pass 1 loads the packs under an L2 evict_last policy, the next in flight
-//   while one is summed; each pack's exact mean mj of x - k (k the row's first element) and
-//   its squared deviations x - (k + mj) merge into the thread's (mean, M2) by Chan et al.'s
-//   update, whose weights are compile-time constants (equal counts: no division). The row's
-//   threads then merge their states (across warps through shared memory, or within a warp), of equal counts too: the row's mean is the mean of
-//   theirs, its M2 the sum of theirs plus each count * (thread mean - row mean)^2 (never
+//   t + j * TPR, j < NCH, one pack a step. Pass 1 loads the packs under an L2 evict_last
+//   policy, the next in flight while one is summed; each pack's exact mean mj of x - k (k the
+//   row's first element) and its squared deviations x - (k + mj) merge into the thread's
+//   (mean, M2) by Chan et al.'s update, whose weights are compile-time constants (equal counts:
+//   no division). The row's threads then merge their states (across warps through shared
+//   memory, or within a warp), of equal counts too: the row's mean is the mean of theirs, its
+//   M2 the sum of theirs plus each count * (thread mean - row mean)^2 (never
 //   E[x^2] - E[x]^2). The statistics are stored, then pass 2 loads the row again under
 //   evict_first, from L1 or L2 where pass 1 left it and without allocating it in L1 (the
 //   other blocks' rows and w and b stay there), the next pack in flight, and writes
