@@ -69,7 +69,7 @@ Thresholds and why (H200, bf16, M*N = 2**27; scripts/tune.py, data in docs/):
   (layer_norm_fwd.cu ln_fwd_stream): the threads of a row sum it from HBM and read it again
   from L1 or L2 for y, 32 registers a thread at FWD_STREAM_THREADS an SM. Rows of up to
   2 * FWD_STREAM_PAIRS packs take two packs a thread in the fewest warps where they fill them
-  (N = 512, a warp a row, four rows a block; 1024, 1536, ..., 4096: 64-256 threads, a block a
+  (N = 512, a warp a row, eight rows a block; 1024, 1536, ..., 4096: 64-256 threads, a block a
   row), and N = 896-1016 in 64 threads, the last packs of some threads past the row (partial);
   wider rows whose packs split evenly over one of FWD_STREAM_SHAPES (N = 6144: 256 threads of
   3 packs; 8192, 12288, 16384: 512 threads of 2-4; 5120, 7680, 10240: 320 threads of 2-4;
@@ -89,7 +89,8 @@ Thresholds and why (H200, bf16, M*N = 2**27; scripts/tune.py, data in docs/):
   Other shapes of narrow rows lost: one pack a thread (N=1024 over 128 threads 3735 / 3983),
   a warp of 3-4 packs (768 3797 / 3972, 1024 3722 / 4008), three packs where two fit (1536
   over 64 threads 4020, 3072 over 128 4041-4052); blocks of 64 threads for rows of a warp
-  (N=512 3978 / 3962) and of 256 about level with 128 (3996 / 3970, fp16). More packs a
+  (N=512 3978 / 3962); blocks of 256 threads (eight rows) ahead of 128 by 0.3-0.5% (bf16 4008
+  / 3997, 4010 / 3991; fp16 4015 / 4001, 4011 / 3992 in two rounds). More packs a
   thread lost (bf16 N=8192 over 256 threads 3784 against 3964, 10240 3681, 14336 3436, 16384
   3251; 20480 over 512: 3844 / 3907; 24576 3681), as did
   blocks of 1024 (N=16384 3554 / 3955; 32768 level, 3876 / 3870), x loaded past L1 in pass 1
@@ -265,7 +266,7 @@ FWD_STAGE_WB_SM = 200 * 1024
 FWD_LAG_BLOCK = 384
 # The forward's stream tier (module notes): rows of up to 2 * FWD_STREAM_PAIRS packs take two a
 # thread, in the fewest warps that hold them, where they fill those warps' packs (rows of a
-# warp: four a block of FWD_STREAM_WARP_BLOCK threads) or, in FWD_STREAM_PARTIAL threads, at
+# warp: eight a block of FWD_STREAM_WARP_BLOCK threads) or, in FWD_STREAM_PARTIAL threads, at
 # least FWD_STREAM_FILL of them (the last packs of some threads past the row); wider rows take
 # the first of FWD_STREAM_SHAPES, (threads a row, packs a thread), that splits them evenly, a
 # block a row. The launch bounds ask for FWD_STREAM_THREADS an SM (at most: blocks of 320, 448
@@ -275,7 +276,7 @@ FWD_STREAM_PARTIAL = 64
 FWD_STREAM_FILL = 0.875
 FWD_STREAM_SHAPES = ((512, (2, 3, 4)), (256, (2, 3)), (320, (2, 3, 4)), (448, (4,)), (640, (4,)))
 FWD_STREAM_THREADS = 2048
-FWD_STREAM_WARP_BLOCK = 128  # threads a block where a row takes a warp (4 rows a block)
+FWD_STREAM_WARP_BLOCK = 256  # threads a block where a row takes a warp (8 rows a block)
 # ...taken on devices whose peak DRAM bandwidth an SM is at least this (bytes/s): on an H200 (4.8
 # TB/s, 132 SMs: 37 GB/s an SM) it gained; on an H100 SXM (3.35 TB/s: 25 GB/s an SM), whose
 # register rows reach 97% of its copy bandwidth, its first form lost (module notes)
@@ -447,7 +448,7 @@ def forward_launch_plan(m: int, n: int, x_dtype, w_dtype, b_dtype, vec: int, sme
     fits one wave at 768 threads lost at 1024 (3000 x 1024 1607 / 1555), as did one of two
     waves at either (4400 x 1024 1752 / 1664). ``dram_per_sm``: the device's peak DRAM bytes a
     second an SM; at FWD_STREAM_DRAM_PER_SM or more, long launches of at most MAX_GRID rows
-    may stream (forward_plan's ``stream``: a block per row, or per four rows of a warp).
+    may stream (forward_plan's ``stream``: a block per row, or per eight rows of a warp).
     ``affine``: (w given, b given)."""
     items = forward_items(m, n, vec, sm_count)
     stream = dram_per_sm >= FWD_STREAM_DRAM_PER_SM and m <= MAX_GRID

@@ -460,7 +460,7 @@ def test_short_launches_keep_fewer_vectors():
 def test_stream_16bit_rows():
     """On sm_90 with fast DRAM, long launches of 16-bit rows in 16-byte vectors with 16-bit w
     and b stream: rows of up to 512 packs two packs a thread in the fewest warps where they fill
-    them (a warp: four rows a block; else a block a row), or in 64 threads filling 7/8 or more
+    them (a warp: eight rows a block; else a block a row), or in 64 threads filling 7/8 or more
     (partial), wider rows where their packs split evenly over 512 threads of 2-4, 256 of 2-3,
     320 of 2-4, 448 of 4 or 640 of 4 (a block per row, up to 2048 threads an SM), w and b
     present or not as compile-time flags; other widths, dtypes, devices, short launches and
@@ -490,7 +490,7 @@ def test_stream_16bit_rows():
                 continue
             assert _launch.forward_plan(n, x, w, b, 8, SMEM_H100, h100).tier != "stream"
             tpr, steps, partial = shapes[n]
-            block = 128 if tpr == 32 else tpr
+            block = 256 if tpr == 32 else tpr
             minb = 2048 // block  # blocks an SM: 2048 threads or the most under it
             got = (p.tier, p.block, p.tpr, p.items, p.rows, p.threads)
             assert got == ("stream", block, tpr, steps, block // tpr, minb * block), (n, p)

@@ -171,7 +171,7 @@ STREAM = [
 @pytest.mark.parametrize("xdt,wdt,bdt", STREAM, ids=["-".join(map(str, c)) for c in STREAM])
 def test_forward_stream_rows(monkeypatch, xdt, wdt, bdt, n):
     """The 16-bit rows that stream in long launches on sm_90 with fast DRAM (ln_fwd_stream, a
-    block per row, or four rows of a warp a block: 37 rows leave the last block one; rows past
+    block per row, or eight rows of a warp a block: 37 rows leave the last block five; rows past
     some threads' last packs at N = 904-1016), taken here by any launch on any sm_90
     (FWD_SHORT_WAVES, FWD_STREAM_DRAM_PER_SM = 0), with w and b each present or not: strided
     rows, rows of a large mean (1e3, 1e4) and one of a repeated value against the float64
