@@ -171,7 +171,6 @@ FWD_SHORT_WAVES = 12  # waves of FWD_REG_THREADS threads on every SM (forward_it
 FWD_CENTER_BYTES = 128  # forward rows kept centered in the arithmetic type: bytes a thread
 FWD_CENTER_BLOCK = 128  # ...in blocks of at most this many threads (copies; double: any)
 FWD_CENTER_THREADS = 768  # ...and their launch bounds' threads per SM
-FWD_CENTER_EXACT = True  # ...16-bit rows of up to a warp in as many vectors as fill them
 FWD_REG_THREADS = 1024  # forward launch bounds: threads per SM (16- and 32-bit rows)
 FWD_LEAN_FROM = 6144  # 16-bit rows this wide keep FWD_REG_ITEMS_SHORT vectors in any launch...
 FWD_LEAN_THREADS = 1536  # ...where the block divides this; such rows' launch bounds (threads/SM)
@@ -534,10 +533,6 @@ def forward_plan(n: int, x_dtype, w_dtype, b_dtype, vec: int, smem_limit: int,
     if shape is not None:
         acc = acc_dtype(x_dtype).itemsize
         centered = _reg_shape(n, vec, min(values, FWD_CENTER_BYTES // acc), block_max)
-        if FWD_CENTER_EXACT and x_dtype.itemsize == 2 and centered and centered[0] <= 32:
-            tpr, items, block = centered  # 16-bit rows of up to a warp: the slots they fill
-            if n % (tpr * vec) == 0 and n // (tpr * vec) < items:
-                centered = (tpr, n // (tpr * vec), block)
         in_place = acc == x_dtype.itemsize  # double: centered in the loaded registers
         center = (
             x_dtype.itemsize != 4

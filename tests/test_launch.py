@@ -557,13 +557,9 @@ def test_lean_16bit_rows():
     assert p.expr.endswith(", 8, 256, 256, 4, false, 0>"), p
     p = _launch.forward_plan(8192, f32, f32, f32, 4, SMEM_H100, h100)
     assert p.expr.endswith(", 8, 256, 256, 4, false, 0>"), p
-    # rows of up to a warp at 4 vectors keep 1024 (several rows a block)...
-    p = _launch.forward_plan(640, bf16, bf16, bf16, 8, SMEM_H100, h100, 4)
+    # rows of up to a warp at 4 vectors keep 1024 (several rows a block)
+    p = _launch.forward_plan(768, bf16, bf16, bf16, 8, SMEM_H100, h100, 4)
     assert p.expr.endswith(", 4, 32, 128, 8, false, 0>"), p
-    # ...but where 3 fill a warp exactly, centered (FWD_CENTER_EXACT)
-    for n, tpr in ((384, 16), (768, 32)):
-        p = _launch.forward_plan(n, bf16, bf16, bf16, 8, SMEM_H100, h100, 4)
-        assert p.expr.endswith(f", 3, {tpr}, 128, 6, true, 3>"), p
     # devices without clusters (sm_80) keep 8 vectors and 1024 threads
     p = _launch.forward_plan(16384, bf16, bf16, bf16, 8, SMEM_H100, 1)
     assert p.expr.endswith(", 8, 256, 256, 4, false, 0>"), p
