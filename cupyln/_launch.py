@@ -274,7 +274,7 @@ FWD_LAG_BLOCK = 384
 FWD_STREAM_PAIRS = 256
 FWD_STREAM_PARTIAL = 64
 FWD_STREAM_FILL = 0.875
-FWD_STREAM_SHAPES = ((512, (2, 3, 4)), (256, (2, 3)), (320, (2, 3, 4)), (448, (4,)), (640, (4,)))
+FWD_STREAM_SHAPES = ((512, (2, 3, 4)), (256, (3,)), (320, (2, 3, 4)), (448, (4,)), (640, (4,)))
 FWD_STREAM_THREADS = 2048
 FWD_STREAM_WARP_BLOCK = 256  # threads a block where a row takes a warp (8 rows a block)
 # ...taken on devices whose peak DRAM bandwidth an SM is at least this (bytes/s): on an H200 (4.8

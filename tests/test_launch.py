@@ -461,7 +461,7 @@ def test_stream_16bit_rows():
     """On sm_90 with fast DRAM, long launches of 16-bit rows in 16-byte vectors with 16-bit w
     and b stream: rows of up to 512 packs two packs a thread in the fewest warps where they fill
     them (a warp: eight rows a block; else a block a row), or in 64 threads filling 7/8 or more
-    (partial), wider rows where their packs split evenly over 512 threads of 2-4, 256 of 2-3,
+    (partial), wider rows where their packs split evenly over 512 threads of 2-4, 256 of 3,
     320 of 2-4, 448 of 4 or 640 of 4 (a block per row, up to 2048 threads an SM), w and b
     present or not as compile-time flags; other widths, dtypes, devices, short launches and
     launches of more rows than a grid holds keep their tiers."""
