@@ -31,7 +31,13 @@ Thresholds and why (H200, bf16, M*N = 2**27; scripts/tune.py, data in docs/):
   loaded, as do wider blocks (bf16 N=8192 in 256 threads 3848 at 768, 3980 at 1024, 3937 as loaded;
   12288 3683 / 3941 in 384 threads) and float32 rows, which convert nothing (-1% to +0.6%). Double
   rows, centered in the registers they were loaded into, take it in every block (float64 N=3072 4115
-  GB/s against 2541, 4096 4114 / 3077, 6144 3352 / 2370, 8192 3653 / 2744);
+  GB/s against 2541, 4096 4114 / 3077, 6144 3352 / 2370, 8192 3653 / 2744). In short launches on
+  sm_90, 16-bit rows of a warp or less whose packs fill 3 of a thread's 4 slots (N=192, 384, 768)
+  keep centered copies in just those 3 (FWD_CENTER_EXACT; H200, one process, best of 5, bf16 / fp16
+  GB/s against 4 vectors as loaded: 1024 x 768 599 / 534, 599 / 531; 4096 x 768 1645 / 1507, 1652 /
+  1495; 16384 x 768 2712 / 2632; 65536 x 768 3620 / 3557, 3593 / 3564; 8192 x 384 1684 / 1521;
+  131072 x 384 3600 / 3524; 65536 x 192 2728 / 2598: +0% to +13%, never behind), where long launches
+  lost (174762 x 768 3894 against 3968 at 8 vectors as loaded);
 * at least 4 threads per row: small rows still get several independent 16-byte loads per
   warp row instead of one thread walking a row;
 * 128 threads per block for the sub-warp tier (1.5% behind 256 at N=512/1024, within noise);
@@ -171,6 +177,7 @@ FWD_SHORT_WAVES = 12  # waves of FWD_REG_THREADS threads on every SM (forward_it
 FWD_CENTER_BYTES = 128  # forward rows kept centered in the arithmetic type: bytes a thread
 FWD_CENTER_BLOCK = 128  # ...in blocks of at most this many threads (copies; double: any)
 FWD_CENTER_THREADS = 768  # ...and their launch bounds' threads per SM
+FWD_CENTER_EXACT = True  # ...16-bit rows of a warp or less in short launches: the slots they fill
 FWD_REG_THREADS = 1024  # forward launch bounds: threads per SM (16- and 32-bit rows)
 FWD_LEAN_FROM = 6144  # 16-bit rows this wide keep FWD_REG_ITEMS_SHORT vectors in any launch...
 FWD_LEAN_THREADS = 1536  # ...where the block divides this; such rows' launch bounds (threads/SM)
@@ -281,6 +288,7 @@ FWD_STREAM_WARP_BLOCK = 256  # threads a block where a row takes a warp (8 rows 
 # TB/s, 132 SMs: 37 GB/s an SM) it gained; on an H100 SXM (3.35 TB/s: 25 GB/s an SM), whose
 # register rows reach 97% of its copy bandwidth, its first form lost (module notes)
 FWD_STREAM_DRAM_PER_SM = 30e9
+FWD_STREAM_SHORT = True  # ...and short launches stream where no register plan fits one wave
 # Row tiers: 256 threads measured faster than 512 where two or more blocks share an SM and
 # overlap their phases (forward N=8192 1689 against 983 GB/s, backward N=12288 1478 against
 # 1039); where the staged row leaves room for one block per SM, the forward needs the 512
@@ -448,7 +456,14 @@ def forward_launch_plan(m: int, n: int, x_dtype, w_dtype, b_dtype, vec: int, sme
     fits one wave at 768 threads lost at 1024 (3000 x 1024 1607 / 1555), as did one of two
     waves at either (4400 x 1024 1752 / 1664). ``dram_per_sm``: the device's peak DRAM bytes a
     second an SM; at FWD_STREAM_DRAM_PER_SM or more, long launches of at most MAX_GRID rows
-    may stream (forward_plan's ``stream``: a block per row, or per eight rows of a warp).
+    may stream (forward_plan's ``stream``: a block per row, or per eight rows of a warp), and so
+    may short ones where no plan above fits one wave (FWD_STREAM_SHORT). H200, one process,
+    best of 5, bf16 (fp16) GB/s, streamed against the short plan: 1024 x 8192 2300 (2305) /
+    2030 (2036), 512 x 16384 2533 (2512) / 1975 (1980), 1024 x 12288 2698 (2689) / 2458 (2489),
+    4096 x 4096 3125 (3112) / 3007 (2968), 16384 x 1024 3086 (3091) / 2996 (2966), 16384 x 512
+    2389 (2413) / 2356 (2367): +1% to +28% in the 16 launches of more than one wave measured;
+    in one wave the stream lost (4096 x 1024 1771 (1774) / 1876 (1876), 4096 x 512 1344 (1355) /
+    1413 (1409), 2048 x 2048 1893 (1879) / 1900 (1910)) or tied (1024 x 4096 1913 / 1893).
     ``affine``: (w given, b given)."""
     items = forward_items(m, n, vec, sm_count)
     stream = dram_per_sm >= FWD_STREAM_DRAM_PER_SM and m <= MAX_GRID
@@ -467,6 +482,11 @@ def forward_launch_plan(m: int, n: int, x_dtype, w_dtype, b_dtype, vec: int, sme
         w = forward_waves(m, other, sm_count)
         if 0 < w <= 1 and w > fill:
             best, fill = other, w
+    if FWD_STREAM_SHORT and stream and best is plan and waves > 1:
+        streamed = forward_plan(n, x_dtype, w_dtype, b_dtype, vec, smem_limit, max_cluster,
+                                stream=True, affine=affine)  # fmt: skip
+        if streamed.tier == "stream":
+            return streamed
     return best
 
 
@@ -487,6 +507,7 @@ def forward_plan(n: int, x_dtype, w_dtype, b_dtype, vec: int, smem_limit: int,
     the stream tier's kernel takes at compile time."""
     tx, tw, tb = ctype(x_dtype), ctype(w_dtype), ctype(b_dtype)
     row_bytes = _staged(n, x_dtype.itemsize)
+    short = items == FWD_REG_ITEMS_SHORT and max_cluster > 1  # a short launch on sm_90
     # double x, w or b: 1024-thread blocks and 64 registers a thread spill
     wide = max(x_dtype.itemsize, w_dtype.itemsize, b_dtype.itemsize) > 4
     block_max = REG_BLOCK_MAX if wide else FWD_REG_BLOCK_MAX
@@ -533,6 +554,10 @@ def forward_plan(n: int, x_dtype, w_dtype, b_dtype, vec: int, smem_limit: int,
     if shape is not None:
         acc = acc_dtype(x_dtype).itemsize
         centered = _reg_shape(n, vec, min(values, FWD_CENTER_BYTES // acc), block_max)
+        if FWD_CENTER_EXACT and short and x_dtype.itemsize == 2 and centered and centered[0] <= 32:
+            tpr, slots, block = centered  # a row of a warp or less: the slots its packs fill
+            if n % (tpr * vec) == 0 and n // (tpr * vec) < slots:
+                centered = (tpr, n // (tpr * vec), block)
         in_place = acc == x_dtype.itemsize  # double: centered in the loaded registers
         center = (
             x_dtype.itemsize != 4

@@ -31,8 +31,8 @@ _REPORT = re.compile(
 
 def variants(x_dtype):
     """{source: sorted expressions} over every width, vector width and shared-memory limit
-    (the forward's at both vector counts a thread keeps, the short one in a launch of one wave,
-    and the stream tier's;
+    (the forward's at both vector counts a thread keeps, the short one in a launch of one wave
+    and of more, and the stream tier's;
     the backward's for long and short launches),
     plus every w/b dtype pairing for two register-tier, one row-tier and one ring-tier shapes
     (the ring tier's kernel is in the jagged source) with and without clusters, and a backward
@@ -53,6 +53,10 @@ def variants(x_dtype):
                         _launch.forward_plan(  # short launches (one wave: centered rows)
                             n, x_dtype, x_dtype, x_dtype, vec, smem, CLUSTERS[smem],
                             _launch.FWD_REG_ITEMS_SHORT, True,
+                        ),
+                        _launch.forward_plan(  # short launches of more than one wave
+                            n, x_dtype, x_dtype, x_dtype, vec, smem, CLUSTERS[smem],
+                            _launch.FWD_REG_ITEMS_SHORT,
                         ),
                         _launch.backward_plan(n, x_dtype, x_dtype, vec, smem, CLUSTERS[smem]),
                         _launch.backward_plan(  # short launches (more rows share blocks)

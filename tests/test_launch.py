@@ -463,8 +463,9 @@ def test_stream_16bit_rows():
     them (a warp: eight rows a block; else a block a row), or in 64 threads filling 7/8 or more
     (partial), wider rows where their packs split evenly over 512 threads of 2-4, 256 of 3,
     320 of 2-4, 448 of 4 or 640 of 4 (a block per row, up to 2048 threads an SM), w and b
-    present or not as compile-time flags; other widths, dtypes, devices, short launches and
-    launches of more rows than a grid holds keep their tiers."""
+    present or not as compile-time flags; other widths, dtypes, devices and launches of more
+    rows than a grid holds keep their tiers, and short launches too where a register plan fits
+    one wave of resident blocks."""
     bf16 = [d for d in DTYPES if d.name == "bfloat16"][0]
     fp16 = np.dtype(np.float16)
     f32 = np.dtype(np.float32)
@@ -511,13 +512,34 @@ def test_stream_16bit_rows():
     ):
         assert _launch.forward_plan(*args, stream=True).tier == "reg", args
     # what a launch takes: long ones on fast DRAM (H200: 37 GB/s an SM; H100 SXM: 25) stream,
-    # short ones (fewer than FWD_SHORT_WAVES waves) keep the register rows
+    # and short ones (fewer than FWD_SHORT_WAVES waves) where no register plan fits one wave
     args = (8192, bf16, bf16, bf16, 8, SMEM_H100, h100, 132)
     h200 = _launch.forward_launch_plan(16384, *args, 4.8e12 / 132)
     assert h200.tier == "stream" and _launch.forward_waves(16384, h200, 132) == 0.0, h200
     assert _launch.forward_launch_plan(16384, *args, 3.35e12 / 132).tier == "reg"
     assert _launch.forward_launch_plan(16384, *args).tier == "reg"  # DRAM speed not reported
-    assert _launch.forward_launch_plan(4096, *args, 4.8e12 / 132).tier == "reg"  # short
+    for m, n, tier in (
+        (4096, 8192, "stream"),  # short: 4096 blocks of 256 threads, 792 resident
+        (1024, 8192, "stream"),
+        (512, 16384, "stream"),  # 512 blocks of 512 threads, 396 resident
+        (16384, 1024, "stream"),
+        (16384, 512, "stream"),
+        (1151, 8192, "stream"),
+        (396, 16384, "reg"),  # one wave
+        (4096, 1024, "reg"),  # one wave at 1024 threads an SM (forward_launch_plan)
+        (4096, 512, "reg"),  # one wave at 768
+        (2048, 2048, "reg"),
+        (1024, 4096, "reg"),
+        (37, 4096, "reg"),
+        (16384, 768, "reg"),  # no stream shape
+    ):
+        short = _launch.forward_launch_plan(m, n, *args[1:], 4.8e12 / 132)
+        assert _launch.forward_items(m, n, 8, 132) == _launch.FWD_REG_ITEMS_SHORT, (m, n)
+        assert short.tier == tier, (m, n, short)
+        if tier == "stream":
+            assert short == _launch.forward_plan(n, *args[1:7], stream=True), (m, n)
+            slow = _launch.forward_launch_plan(m, n, *args[1:], 3.35e12 / 132)  # H100
+            assert slow.tier == "reg" and _launch.forward_waves(m, slow, 132) > 1, (m, n)
     bare = _launch.forward_launch_plan(16384, *args, 4.8e12 / 132, (False, True))
     assert bare.tier == "stream" and bare.expr.endswith(", false, true>"), bare
     over = _launch.MAX_GRID + 1  # a block per row: more rows than a grid's blocks do not stream
@@ -557,8 +579,19 @@ def test_lean_16bit_rows():
     assert p.expr.endswith(", 8, 256, 256, 4, false, 0>"), p
     p = _launch.forward_plan(8192, f32, f32, f32, 4, SMEM_H100, h100)
     assert p.expr.endswith(", 8, 256, 256, 4, false, 0>"), p
-    # rows of up to a warp at 4 vectors keep 1024 (several rows a block)
-    p = _launch.forward_plan(768, bf16, bf16, bf16, 8, SMEM_H100, h100, 4)
+    # rows of up to a warp at 4 vectors keep 1024 (several rows a block)...
+    p = _launch.forward_plan(640, bf16, bf16, bf16, 8, SMEM_H100, h100, 4)
+    assert p.expr.endswith(", 4, 32, 128, 8, false, 0>"), p
+    # ...but where 3 fill the row's slots, centered in those 3 (FWD_CENTER_EXACT), in short
+    # launches only: long ones keep 8 vectors as loaded
+    for n, tpr in ((192, 8), (384, 16), (768, 32)):
+        p = _launch.forward_plan(n, bf16, bf16, bf16, 8, SMEM_H100, h100, 4)
+        assert p.expr.endswith(f", 3, {tpr}, 128, 6, true, 3>"), p
+        p = _launch.forward_plan(n, bf16, bf16, bf16, 8, SMEM_H100, h100)
+        assert p.expr.endswith(f", 8, {tpr // 2}, 128, 8, false, 0>"), p
+    p = _launch.forward_plan(768, f32, f32, f32, 4, SMEM_H100, h100, 4)  # float32: as loaded
+    assert p.expr.endswith(", 4, 64, 64, 16, false, 0>"), p
+    p = _launch.forward_plan(768, bf16, bf16, bf16, 8, SMEM_A100, 1, 4)  # sm_80: as loaded
     assert p.expr.endswith(", 4, 32, 128, 8, false, 0>"), p
     # devices without clusters (sm_80) keep 8 vectors and 1024 threads
     p = _launch.forward_plan(16384, bf16, bf16, bf16, 8, SMEM_H100, 1)

@@ -154,6 +154,25 @@ def test_short_launches_fill_one_wave(dtype, m, n, items):
     run_and_check(x, w, b, dy)
 
 
+EXACT = [(37, 768), (1024, 768), (4096, 768), (16384, 768), (8192, 384), (4096, 192)]
+
+
+@pytest.mark.parametrize("m,n", EXACT, ids=[f"{m}x{n}" for m, n in EXACT])
+@pytest.mark.parametrize(
+    "xdt,wdt,bdt",
+    [("bfloat16",) * 3, ("float16",) * 3, ("bfloat16", "float16", None), ("float16", None, None)],
+)
+def test_short_rows_of_a_warp_centered_in_the_slots_they_fill(xdt, wdt, bdt, m, n):
+    """16-bit rows of a warp or less whose packs fill 3 vector slots a thread (N = 192, 384,
+    768) are kept centered in those 3 in short launches on sm_90 (the register tier rounds slots
+    up to 4 otherwise); long launches keep 8 vectors as loaded."""
+    x, w, b, dy = inputs((m, n), xdt, wdt, bdt)
+    if int(x.device.compute_capability) == 90:
+        got = cupyln.describe(x, w, b)["forward"]
+        assert got.startswith("reg ") and " items=3 " in got, got
+    run_and_check(x, w, b, dy)
+
+
 STREAM = [
     ("bfloat16", "bfloat16", "bfloat16"),
     ("float16", "float16", "float16"),
@@ -202,6 +221,35 @@ def test_forward_stream_rows(monkeypatch, xdt, wdt, bdt, n):
         for _ in range(2):  # the first call plans, the second takes the cached launch
             got = cupyln.forward(dense, w, b)[0]
             assert bool((got.view("uint16") == y.view("uint16")).all())
+    finally:
+        monkeypatch.undo()
+        clear()
+
+
+SHORT_STREAM = [(20001, 512, True), (16384, 1000, True), (1151, 8192, True), (512, 16384, True),
+                (4096, 1024, False), (396, 16384, False)]  # fmt: skip
+
+
+@pytest.mark.parametrize("m,n,stream", SHORT_STREAM, ids=[f"{m}x{n}" for m, n, _ in SHORT_STREAM])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_short_launches_stream_past_one_wave(monkeypatch, dtype, m, n, stream):
+    """Short forward launches of 16-bit rows the stream tier takes, where no register plan fits
+    one wave of resident blocks (any sm_90 here: FWD_STREAM_DRAM_PER_SM = 0), against the float64
+    reference; launches that one wave holds keep the register rows."""
+    from cupyln import _api, _launch
+
+    def clear():
+        _api._forward_launch.cache_clear()
+        _api._forward_calls.clear()
+
+    monkeypatch.setattr(_launch, "FWD_STREAM_DRAM_PER_SM", 0.0)
+    clear()
+    try:
+        x, w, b, dy = inputs((m, n), dtype, dtype, dtype)
+        if int(x.device.compute_capability) == 90:
+            got = cupyln.describe(x, w, b)["forward"]
+            assert got.startswith("stream " if stream else "reg "), got
+        run_and_check(x, w, b, dy)
     finally:
         monkeypatch.undo()
         clear()
