@@ -103,7 +103,10 @@ Thresholds and why (H200, bf16, M*N = 2**27; scripts/tune.py, data in docs/):
   too (N=8192 3791, 12288 3819) and, in a first form, a grid-stride row loop (N=4096 2096). On
   an H100 SXM (3.35 TB/s), whose register rows reach 97% of its copy bandwidth, that first
   form lost 1-5% (bf16 N=4096 2869 / 2929, 16384 2778 / 2922; level at 8192, 2944 / 2932):
-  hence the DRAM gate;
+  hence the DRAM gate. Short launches stream too where none of forward_launch_plan's register
+  plans fits one wave of resident blocks (FWD_STREAM_SHORT: +1% to +28% in every such launch
+  measured, bf16 M=512 N=16384 2533 GB/s against 1975, 1024 x 8192 2300 / 2030, 4096 x 3584
+  2991 / 2797, 16384 x 1024 3086 / 2996; in one wave it lost, 4096 x 1024 1771 / 1876);
 * the backward's 16-bit rows of at least BWD_REG_AHEAD_BLOCK threads copy the next row's x and
   dy into shared memory with cp.async while a row is computed (layer_norm_bwd.cu, AHEAD): bf16
   N=8192 3169 GB/s against 2805, N=4096 3501 / 3396, fp16 M=4096 N=8192 2615 / 2395. Smaller
@@ -501,7 +504,8 @@ def forward_plan(n: int, x_dtype, w_dtype, b_dtype, vec: int, smem_limit: int,
     FWD_LEAN_FROM elements and up take FWD_REG_ITEMS_SHORT where its block divides
     FWD_LEAN_THREADS (the module's notes); ``one_wave``: centered rows ask for FWD_REG_THREADS
     per SM (forward_launch_plan; sm_90 only, as the 4-vector rows above); ``stream``: at
-    FWD_REG_ITEMS (long launches) and not ``one_wave``, 16-bit rows that split over
+    FWD_REG_ITEMS (long launches, and short ones past one wave: forward_launch_plan) and not
+    ``one_wave``, 16-bit rows that split over
     FWD_STREAM_SHAPES stream on sm_90 (_fwd_stream; forward_launch_plan asks for it where the
     device's DRAM is fast enough, FWD_STREAM_DRAM_PER_SM); ``affine``: (w given, b given), which
     the stream tier's kernel takes at compile time."""
