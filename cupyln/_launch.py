@@ -285,6 +285,10 @@ FWD_STREAM_PAIRS = 256
 FWD_STREAM_PARTIAL = 64
 FWD_STREAM_FILL = 0.875
 FWD_STREAM_SHAPES = ((512, (2, 3, 4)), (256, (3,)), (320, (2, 3, 4)), (448, (4,)), (640, (4,)))
+# ...and past those, rows whose packs split evenly over a block of FWD_STREAM_EVEN_LEAST to
+# `most` threads, a multiple of 32, at `packs` a thread: (packs, most), the first that fits
+FWD_STREAM_EVEN = ((3, 640), (4, 640), (2, 384))
+FWD_STREAM_EVEN_LEAST = 256
 FWD_STREAM_THREADS = 2048
 FWD_STREAM_WARP_BLOCK = 256  # threads a block where a row takes a warp (8 rows a block)
 # ...taken on devices whose peak DRAM bandwidth an SM is at least this (bytes/s): on an H200 (4.8
@@ -600,7 +604,8 @@ def _fwd_stream(n: int, vec: int):
     packs of VEC (module notes): two packs a thread in the fewest warps, up to FWD_STREAM_PAIRS
     threads, where the row fills them (partial: in FWD_STREAM_PARTIAL threads, FWD_STREAM_FILL
     of them); else the first of FWD_STREAM_SHAPES whose threads split the row's packs evenly
-    into one of its counts; else None."""
+    into one of its counts; else the first of FWD_STREAM_EVEN that splits them evenly over
+    FWD_STREAM_EVEN_LEAST threads or more, a multiple of 32; else None."""
     packs, rest = divmod(n, vec)
     if rest:
         return None
@@ -613,6 +618,10 @@ def _fwd_stream(n: int, vec: int):
     for tpr, steps in FWD_STREAM_SHAPES:
         if packs % tpr == 0 and packs // tpr in steps:
             return tpr, packs // tpr, False
+    for steps, most in FWD_STREAM_EVEN:
+        tpr, rest = divmod(packs, steps)
+        if not rest and tpr % 32 == 0 and FWD_STREAM_EVEN_LEAST <= tpr <= most:
+            return tpr, steps, False
     return None
 
 

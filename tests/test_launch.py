@@ -463,9 +463,10 @@ def test_stream_16bit_rows():
     them (a warp: eight rows a block; else a block a row), or in 64 threads filling 7/8 or more
     (partial), wider rows where their packs split evenly over 512 threads of 2-4, 256 of 3,
     320 of 2-4, 448 of 4 or 640 of 4 (a block per row, up to 2048 threads an SM), w and b
-    present or not as compile-time flags; other widths, dtypes, devices and launches of more
-    rows than a grid holds keep their tiers, and short launches too where a register plan fits
-    one wave of resident blocks."""
+    present or not as compile-time flags, and past those any row whose packs split evenly over
+    256-640 threads (a multiple of 32) at 3 or 4 packs, or over 256-384 at 2; other widths,
+    dtypes, devices and launches of more rows than a grid holds keep their tiers, and short
+    launches too where a register plan fits one wave of resident blocks."""
     bf16 = [d for d in DTYPES if d.name == "bfloat16"][0]
     fp16 = np.dtype(np.float16)
     f32 = np.dtype(np.float32)
@@ -482,6 +483,25 @@ def test_stream_16bit_rows():
         14336: (448, 4, False),
         16384: (512, 4, False),
         20480: (640, 4, False),
+    })  # fmt: skip
+    shapes.update({  # FWD_STREAM_EVEN: 3 or 4 packs over 256-640 threads, 2 over 256-384
+        4608: (288, 2, False),
+        5632: (352, 2, False),
+        6912: (288, 3, False),
+        8448: (352, 3, False),
+        9216: (384, 3, False),
+        9984: (416, 3, False),
+        10752: (448, 3, False),
+        11264: (352, 4, False),
+        11520: (480, 3, False),
+        13056: (544, 3, False),
+        13312: (416, 4, False),
+        13824: (576, 3, False),
+        14592: (608, 3, False),
+        15360: (640, 3, False),
+        17408: (544, 4, False),
+        18432: (576, 4, False),
+        19456: (608, 4, False),
     })  # fmt: skip
     for n in range(8, 65537, 8):
         for x, w, b in ((bf16, bf16, bf16), (fp16, fp16, fp16), (fp16, bf16, fp16)):

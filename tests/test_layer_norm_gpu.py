@@ -185,7 +185,8 @@ STREAM = [
 @pytest.mark.parametrize(
     "n",
     [512, 904, 1000, 1016, 1024, 1536, 2048, 2560, 3072, 3584, 4096, 5120, 6144, 7680, 8192]
-    + [10240, 12288, 14336, 16384, 20480],
+    + [10240, 12288, 14336, 16384, 20480]
+    + [4608, 9216, 11264, 13824, 19456],  # FWD_STREAM_EVEN: 288x2, 384x3, 352x4, 576x3, 608x4
 )
 @pytest.mark.parametrize("xdt,wdt,bdt", STREAM, ids=["-".join(map(str, c)) for c in STREAM])
 def test_forward_stream_rows(monkeypatch, xdt, wdt, bdt, n):
