@@ -79,7 +79,9 @@ Thresholds and why (H200, bf16, M*N = 2**27; scripts/tune.py, data in docs/):
   row), and N = 896-1016 in 64 threads, the last packs of some threads past the row (partial);
   wider rows whose packs split evenly over one of FWD_STREAM_SHAPES (N = 6144: 256 threads of
   3 packs; 8192, 12288, 16384: 512 threads of 2-4; 5120, 7680, 10240: 320 threads of 2-4;
-  14336: 448 of 4; 20480: 640 of 4), a block a row. H200, M*N = 2**27, one process, best of 5,
+  14336: 448 of 4; 20480: 640 of 4), a block a row, and past those rows whose packs split
+  evenly over 256-640 threads (a multiple of 32) at 3 or 4 packs, or 256-384 at 2
+  (FWD_STREAM_EVEN: 17 more widths up to 20480). H200, M*N = 2**27, one process, best of 5,
   three x rotated between calls, GB/s against the register rows: bf16 N=4096 4151 / 4007, 6144
   4069 / 4023, 8192 4042 / 3938, 12288 4109 / 3958, 16384 4012 / 3965; fp16 4140 / 3990, 4066
   / 4018, 4061 / 3946, 4111 / 3974, 3944 / 3955; copy 4254, bf16 (fp16): N=5120 4122 / 4014
@@ -103,7 +105,16 @@ Thresholds and why (H200, bf16, M*N = 2**27; scripts/tune.py, data in docs/):
   too (N=8192 3791, 12288 3819) and, in a first form, a grid-stride row loop (N=4096 2096). On
   an H100 SXM (3.35 TB/s), whose register rows reach 97% of its copy bandwidth, that first
   form lost 1-5% (bf16 N=4096 2869 / 2929, 16384 2778 / 2922; level at 8192, 2944 / 2932):
-  hence the DRAM gate. Short launches stream too where none of forward_launch_plan's register
+  hence the DRAM gate. FWD_STREAM_EVEN's widths, one process, best of 3, bf16 (fp16) GB/s
+  against the register rows, M*N = 2**27: N=4608 (288 x 2) 4178 / 4036 (4122 / 4053), 5632
+  (352 x 2) 4029 / 3990 (3976 / 3986), 6912 (288 x 3) 4103 / 4016, 9216 (384 x 3) 4127 / 4001
+  (4130 / 3997), 11264 (352 x 4) 4045 / 4008 (4033 / 4018), 13824 (576 x 3) 4140 / 3956,
+  14592 (608 x 3) 4139 / 3936 (4133 / 3933), 19456 (608 x 4) 4065 / 3926 (4070 / 3926): +0.4%
+  to +5.2% at all 17 but fp16 5632 (-0.3%); M=4096: +0.7% to +9.4% (8448: 3620 / 3309). Two
+  packs over 416 threads or more lost (N=6656 over 416 3887 / 3985, 8704 over 544 3749 / 3993,
+  9216 over 576 3768 / 3982, 9728 over 608 3813 / 3960; 7168 over 448 above), as 288 x 4 did
+  to 384 x 3 at 9216 (3997) and 480 x 4 to 640 x 3 at 15360 (4048 / 4116). Short launches
+  stream too where none of forward_launch_plan's register
   plans fits one wave of resident blocks (FWD_STREAM_SHORT: +1% to +28% in every such launch
   measured, bf16 M=512 N=16384 2533 GB/s against 1975, 1024 x 8192 2300 / 2030, 4096 x 3584
   2991 / 2797, 16384 x 1024 3086 / 2996; in one wave it lost, 4096 x 1024 1771 / 1876);
