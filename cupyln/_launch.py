@@ -113,7 +113,10 @@ Thresholds and why (H200, bf16, M*N = 2**27; scripts/tune.py, data in docs/):
   to +5.2% at all 17 but fp16 5632 (-0.3%); M=4096: +0.7% to +9.4% (8448: 3620 / 3309). Two
   packs over 416 threads or more lost (N=6656 over 416 3887 / 3985, 8704 over 544 3749 / 3993,
   9216 over 576 3768 / 3982, 9728 over 608 3813 / 3960; 7168 over 448 above), as 288 x 4 did
-  to 384 x 3 at 9216 (3997) and 480 x 4 to 640 x 3 at 15360 (4048 / 4116). Short launches
+  to 384 x 3 at 9216 (3997) and 480 x 4 to 640 x 3 at 15360 (4048 / 4116); so did partial
+  rows over 256-640 threads at 3-4 packs, at every one of 19 other widths, long and short,
+  -1.3% to -14.8% (bf16 N=15872 as 512 x 4, 97% of the slots filled, 3682 / 3971; 12000 as
+  512 x 3 3658 / 3983; 6000 as 256 x 3 3832 / 3964). Short launches
   stream too where none of forward_launch_plan's register
   plans fits one wave of resident blocks (FWD_STREAM_SHORT: +1% to +28% in every such launch
   measured, bf16 M=512 N=16384 2533 GB/s against 1975, 1024 x 8192 2300 / 2030, 4096 x 3584
