@@ -31,13 +31,17 @@ Thresholds and why (H200, bf16, M*N = 2**27; scripts/tune.py, data in docs/):
   loaded, as do wider blocks (bf16 N=8192 in 256 threads 3848 at 768, 3980 at 1024, 3937 as loaded;
   12288 3683 / 3941 in 384 threads) and float32 rows, which convert nothing (-1% to +0.6%). Double
   rows, centered in the registers they were loaded into, take it in every block (float64 N=3072 4115
-  GB/s against 2541, 4096 4114 / 3077, 6144 3352 / 2370, 8192 3653 / 2744). In short launches on
-  sm_90, 16-bit rows of a warp or less whose packs fill 3 of a thread's 4 slots (N=192, 384, 768)
-  keep centered copies in just those 3 (FWD_CENTER_EXACT; H200, one process, best of 5, bf16 / fp16
-  GB/s against 4 vectors as loaded: 1024 x 768 599 / 534, 599 / 531; 4096 x 768 1645 / 1507, 1652 /
-  1495; 16384 x 768 2712 / 2632; 65536 x 768 3620 / 3557, 3593 / 3564; 8192 x 384 1684 / 1521;
-  131072 x 384 3600 / 3524; 65536 x 192 2728 / 2598: +0% to +13%, never behind), where long launches
-  lost (174762 x 768 3894 against 3968 at 8 vectors as loaded);
+  GB/s against 2541, 4096 4114 / 3077, 6144 3352 / 2370, 8192 3653 / 2744). On sm_90, 16-bit rows of
+  a warp or less whose packs fill 3 of a thread's 4 slots (N=192, 384, 768; 16-bit w and b) keep
+  centered copies in just those 3, at FWD_REG_THREADS an SM (FWD_CENTER_EXACT; H200, one process,
+  best of 5, bf16 (fp16) GB/s). Long launches, against 8 vectors as loaded: 174762 x 768 3991 / 3965
+  and 4007 / 3962 in two runs (4003 / 3961, 3993 / 3958), 349525 x 384 3962 / 3920 (3962 / 3921),
+  699050 x 192 3942 / 3924 (3943 / 3920); at 768 threads an SM they lost (768: 3900). Short
+  launches, at 768 threads against 4 vectors as loaded: 1024 x 768 599 / 534 (599 / 531); 4096 x 768
+  1645 / 1507 (1652 / 1495); 16384 x 768 2712 / 2632; 65536 x 768 3620 / 3557 (3593 / 3564); 8192 x
+  384 1684 / 1521; 131072 x 384 3600 / 3524; 65536 x 192 2728 / 2598 (+0% to +13%, never behind);
+  1024 threads then took 0-2.5% more (131072 x 768 3929 / 3837, 65536 x 768 3691 / 3641, 16384 x 768
+  2743 / 2724);
 * at least 4 threads per row: small rows still get several independent 16-byte loads per
   warp row instead of one thread walking a row;
 * 128 threads per block for the sub-warp tier (1.5% behind 256 at N=512/1024, within noise);
@@ -194,7 +198,7 @@ FWD_SHORT_WAVES = 12  # waves of FWD_REG_THREADS threads on every SM (forward_it
 FWD_CENTER_BYTES = 128  # forward rows kept centered in the arithmetic type: bytes a thread
 FWD_CENTER_BLOCK = 128  # ...in blocks of at most this many threads (copies; double: any)
 FWD_CENTER_THREADS = 768  # ...and their launch bounds' threads per SM
-FWD_CENTER_EXACT = True  # ...16-bit rows of a warp or less in short launches: the slots they fill
+FWD_CENTER_EXACT = True  # ...16-bit rows of a warp or less in the slots they fill (sm_90)
 FWD_REG_THREADS = 1024  # forward launch bounds: threads per SM (16- and 32-bit rows)
 FWD_LEAN_FROM = 6144  # 16-bit rows this wide keep FWD_REG_ITEMS_SHORT vectors in any launch...
 FWD_LEAN_THREADS = 1536  # ...where the block divides this; such rows' launch bounds (threads/SM)
@@ -529,7 +533,6 @@ def forward_plan(n: int, x_dtype, w_dtype, b_dtype, vec: int, smem_limit: int,
     the stream tier's kernel takes at compile time."""
     tx, tw, tb = ctype(x_dtype), ctype(w_dtype), ctype(b_dtype)
     row_bytes = _staged(n, x_dtype.itemsize)
-    short = items == FWD_REG_ITEMS_SHORT and max_cluster > 1  # a short launch on sm_90
     # double x, w or b: 1024-thread blocks and 64 registers a thread spill
     wide = max(x_dtype.itemsize, w_dtype.itemsize, b_dtype.itemsize) > 4
     block_max = REG_BLOCK_MAX if wide else FWD_REG_BLOCK_MAX
@@ -576,10 +579,11 @@ def forward_plan(n: int, x_dtype, w_dtype, b_dtype, vec: int, smem_limit: int,
     if shape is not None:
         acc = acc_dtype(x_dtype).itemsize
         centered = _reg_shape(n, vec, min(values, FWD_CENTER_BYTES // acc), block_max)
-        if FWD_CENTER_EXACT and short and x_dtype.itemsize == 2 and centered and centered[0] <= 32:
-            tpr, slots, block = centered  # a row of a warp or less: the slots its packs fill
+        exact = False  # a row of a warp or less in the slots its packs fill (FWD_CENTER_EXACT)
+        if FWD_CENTER_EXACT and sixteen and centered and centered[0] <= 32:
+            tpr, slots, block = centered
             if n % (tpr * vec) == 0 and n // (tpr * vec) < slots:
-                centered = (tpr, n // (tpr * vec), block)
+                centered, exact = (tpr, n // (tpr * vec), block), True
         in_place = acc == x_dtype.itemsize  # double: centered in the loaded registers
         center = (
             x_dtype.itemsize != 4
@@ -590,7 +594,8 @@ def forward_plan(n: int, x_dtype, w_dtype, b_dtype, vec: int, smem_limit: int,
         tpr, items, block = centered if center else shape
         lean = sixteen and not center and items == FWD_REG_ITEMS_SHORT and tpr > 32
         if center:
-            threads = FWD_REG_THREADS if one_wave and max_cluster > 1 else FWD_CENTER_THREADS
+            wave = exact or (one_wave and max_cluster > 1)  # sm_90: 1024 threads an SM
+            threads = FWD_REG_THREADS if wave else FWD_CENTER_THREADS
         else:
             threads = FWD_LEAN_THREADS if lean else FWD_REG_THREADS
         minb = 1 if wide else max(1, threads // block)

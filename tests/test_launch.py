@@ -37,7 +37,8 @@ def _check_fwd_reg(plan, n, dtype, clusters):
     centered in the arithmetic type fit 128 bytes a thread, in blocks of at most 128 threads
     unless centered in place (double);
     the WHOLE slots every thread reads unchecked lie inside the row; launch bounds ask for
-    1024 threads per SM (16/32-bit rows; none for double), 768 for centered ones, 1536 for
+    1024 threads per SM (16/32-bit rows; none for double), 768 for centered ones (1024 for
+    16-bit rows of a warp or less centered in 3 slots, sm_90 only), 1536 for
     16-bit rows in 16-byte vectors kept as loaded at 4 vectors a thread in a block of their own
     (sm_90, with clusters)."""
     tail = plan.expr[:-1].split(", ")[-4:]
@@ -56,7 +57,10 @@ def _check_fwd_reg(plan, n, dtype, clusters):
     if dtype.itemsize == 8:
         assert minb == 1 and plan.threads == 0, plan
     else:
-        threads = 768 if center else 1536 if lean else 1024
+        # centered 16-bit rows of a warp or less in 3 slots (FWD_CENTER_EXACT): 1024 on sm_90
+        exact = center and dtype.itemsize == 2 and plan.items == 3 and plan.tpr <= 32
+        assert not exact or (clusters > 1 and plan.vec == 8), plan
+        threads = 1024 if exact else 768 if center else 1536 if lean else 1024
         assert minb == max(1, threads // block) and plan.threads == minb * block, plan
 
 
@@ -602,17 +606,18 @@ def test_lean_16bit_rows():
     # rows of up to a warp at 4 vectors keep 1024 (several rows a block)...
     p = _launch.forward_plan(640, bf16, bf16, bf16, 8, SMEM_H100, h100, 4)
     assert p.expr.endswith(", 4, 32, 128, 8, false, 0>"), p
-    # ...but where 3 fill the row's slots, centered in those 3 (FWD_CENTER_EXACT), in short
-    # launches only: long ones keep 8 vectors as loaded
+    # ...but where 3 fill the row's slots, centered in those 3 at 1024 threads an SM
+    # (FWD_CENTER_EXACT), in short and long launches, with 16-bit w and b on sm_90
     for n, tpr in ((192, 8), (384, 16), (768, 32)):
-        p = _launch.forward_plan(n, bf16, bf16, bf16, 8, SMEM_H100, h100, 4)
-        assert p.expr.endswith(f", 3, {tpr}, 128, 6, true, 3>"), p
-        p = _launch.forward_plan(n, bf16, bf16, bf16, 8, SMEM_H100, h100)
-        assert p.expr.endswith(f", 8, {tpr // 2}, 128, 8, false, 0>"), p
+        for items in (_launch.FWD_REG_ITEMS_SHORT, _launch.FWD_REG_ITEMS):
+            p = _launch.forward_plan(n, bf16, bf16, bf16, 8, SMEM_H100, h100, items)
+            assert p.expr.endswith(f", 3, {tpr}, 128, 8, true, 3>"), p
+            p = _launch.forward_plan(n, bf16, f32, f32, 8, SMEM_H100, h100, items)  # as loaded
+            assert p.expr.endswith(f", {items}, {tpr * 4 // items}, 128, 8, false, 0>"), p
+            p = _launch.forward_plan(n, bf16, bf16, bf16, 8, SMEM_A100, 1, items)  # sm_80
+            assert p.expr.endswith(f", {items}, {tpr * 4 // items}, 128, 8, false, 0>"), p
     p = _launch.forward_plan(768, f32, f32, f32, 4, SMEM_H100, h100, 4)  # float32: as loaded
     assert p.expr.endswith(", 4, 64, 64, 16, false, 0>"), p
-    p = _launch.forward_plan(768, bf16, bf16, bf16, 8, SMEM_A100, 1, 4)  # sm_80: as loaded
-    assert p.expr.endswith(", 4, 32, 128, 8, false, 0>"), p
     # devices without clusters (sm_80) keep 8 vectors and 1024 threads
     p = _launch.forward_plan(16384, bf16, bf16, bf16, 8, SMEM_H100, 1)
     assert p.expr.endswith(", 8, 256, 256, 4, false, 0>"), p

@@ -157,20 +157,35 @@ def test_short_launches_fill_one_wave(dtype, m, n, items):
 EXACT = [(37, 768), (1024, 768), (4096, 768), (16384, 768), (8192, 384), (4096, 192)]
 
 
+@pytest.mark.parametrize("long", [False, True], ids=["short", "long"])
 @pytest.mark.parametrize("m,n", EXACT, ids=[f"{m}x{n}" for m, n in EXACT])
 @pytest.mark.parametrize(
     "xdt,wdt,bdt",
     [("bfloat16",) * 3, ("float16",) * 3, ("bfloat16", "float16", None), ("float16", None, None)],
 )
-def test_short_rows_of_a_warp_centered_in_the_slots_they_fill(xdt, wdt, bdt, m, n):
+def test_rows_of_a_warp_centered_in_the_slots_they_fill(monkeypatch, xdt, wdt, bdt, m, n, long):
     """16-bit rows of a warp or less whose packs fill 3 vector slots a thread (N = 192, 384,
-    768) are kept centered in those 3 in short launches on sm_90 (the register tier rounds slots
-    up to 4 otherwise); long launches keep 8 vectors as loaded."""
-    x, w, b, dy = inputs((m, n), xdt, wdt, bdt)
-    if int(x.device.compute_capability) == 90:
-        got = cupyln.describe(x, w, b)["forward"]
-        assert got.startswith("reg ") and " items=3 " in got, got
-    run_and_check(x, w, b, dy)
+    768) are kept centered in those 3 on sm_90, at 1024 threads an SM (the register tier rounds
+    slots up to 4 otherwise), in short launches and in long ones (any launch here:
+    FWD_SHORT_WAVES = 0)."""
+    from cupyln import _api, _launch
+
+    def clear():
+        _api._forward_launch.cache_clear()
+        _api._forward_calls.clear()
+
+    if long:
+        monkeypatch.setattr(_launch, "FWD_SHORT_WAVES", 0)
+    clear()
+    try:
+        x, w, b, dy = inputs((m, n), xdt, wdt, bdt)
+        if int(x.device.compute_capability) == 90:
+            got = cupyln.describe(x, w, b)["forward"]
+            assert got.startswith("reg ") and " items=3 " in got, got
+        run_and_check(x, w, b, dy)
+    finally:
+        monkeypatch.undo()
+        clear()
 
 
 STREAM = [
