@@ -109,22 +109,21 @@ Thresholds and why (H200, bf16, M*N = 2**27; scripts/tune.py, data in docs/):
   too (N=8192 3791, 12288 3819) and, in a first form, a grid-stride row loop (N=4096 2096). On
   an H100 SXM (3.35 TB/s), whose register rows reach 97% of its copy bandwidth, that first
   form lost 1-5% (bf16 N=4096 2869 / 2929, 16384 2778 / 2922; level at 8192, 2944 / 2932):
-  hence the DRAM gate. FWD_STREAM_EVEN's widths, one process, best of 3, bf16 (fp16) GB/s
-  against the register rows, M*N = 2**27: N=4608 (288 x 2) 4178 / 4036 (4122 / 4053), 5632
-  (352 x 2) 4029 / 3990 (3976 / 3986), 6912 (288 x 3) 4103 / 4016, 9216 (384 x 3) 4127 / 4001
-  (4130 / 3997), 11264 (352 x 4) 4045 / 4008 (4033 / 4018), 13824 (576 x 3) 4140 / 3956,
-  14592 (608 x 3) 4139 / 3936 (4133 / 3933), 19456 (608 x 4) 4065 / 3926 (4070 / 3926): +0.4%
-  to +5.2% at all 17 but fp16 5632 (-0.3%); M=4096: +0.7% to +9.4% (8448: 3620 / 3309). Two
-  packs over 416 threads or more lost (N=6656 over 416 3887 / 3985, 8704 over 544 3749 / 3993,
-  9216 over 576 3768 / 3982, 9728 over 608 3813 / 3960; 7168 over 448 above), as 288 x 4 did
-  to 384 x 3 at 9216 (3997) and 480 x 4 to 640 x 3 at 15360 (4048 / 4116); so did partial
-  rows over 256-640 threads at 3-4 packs, at every one of 19 other widths, long and short,
-  -1.3% to -14.8% (bf16 N=15872 as 512 x 4, 97% of the slots filled, 3682 / 3971; 12000 as
-  512 x 3 3658 / 3983; 6000 as 256 x 3 3832 / 3964). Short launches
-  stream too where none of forward_launch_plan's register
-  plans fits one wave of resident blocks (FWD_STREAM_SHORT: +1% to +28% in every such launch
-  measured, bf16 M=512 N=16384 2533 GB/s against 1975, 1024 x 8192 2300 / 2030, 4096 x 3584
-  2991 / 2797, 16384 x 1024 3086 / 2996; in one wave it lost, 4096 x 1024 1771 / 1876);
+  hence the DRAM gate. FWD_STREAM_EVEN's widths, one process, best of 3, bf16 (fp16) GB/s against
+  the register rows, M*N = 2**27: N=4608 (288 x 2) 4178 / 4036 (4122 / 4053), 5632 (352 x 2) 4029 /
+  3990 (3976 / 3986), 6912 (288 x 3) 4103 / 4016, 9216 (384 x 3) 4127 / 4001 (4130 / 3997), 11264
+  (352 x 4) 4045 / 4008 (4033 / 4018), 13824 (576 x 3) 4140 / 3956, 14592 (608 x 3) 4139 / 3936
+  (4133 / 3933), 19456 (608 x 4) 4065 / 3926 (4070 / 3926): +0.4% to +5.2% at all 17 but fp16 5632
+  (-0.3%); M=4096: +0.7% to +9.4% (8448: 3620 / 3309). Two packs over 416 threads or more lost
+  (N=6656 over 416 3887 / 3985, 8704 over 544 3749 / 3993, 9216 over 576 3768 / 3982, 9728 over 608
+  3813 / 3960; 7168 over 448 above), as 288 x 4 did to 384 x 3 at 9216 (3997) and 480 x 4 to 640 x 3
+  at 15360 (4048 / 4116); so did partial rows over 256-640 threads at 3-4 packs, at every one of 19
+  other widths, long and short, -1.3% to -14.8% (bf16 N=15872 as 512 x 4, 97% of the slots filled,
+  3682 / 3971; 12000 as 512 x 3 3658 / 3983; 6000 as 256 x 3 3832 / 3964). Short launches stream too
+  where none of forward_launch_plan's register plans fits one wave of resident blocks
+  (FWD_STREAM_SHORT: +0.6% to +28% in every such launch measured, bf16 M=512 N=16384 2533 GB/s
+  against 1975, 1024 x 8192 2300 / 2030, 4096 x 3584 2991 / 2797, 16384 x 1024 3086 / 2996; in one
+  wave it lost, 4096 x 1024 1771 / 1876);
 * the backward's 16-bit rows of at least BWD_REG_AHEAD_BLOCK threads copy the next row's x and
   dy into shared memory with cp.async while a row is computed (layer_norm_bwd.cu, AHEAD): bf16
   N=8192 3169 GB/s against 2805, N=4096 3501 / 3396, fp16 M=4096 N=8192 2615 / 2395. Smaller
@@ -486,7 +485,7 @@ def forward_launch_plan(m: int, n: int, x_dtype, w_dtype, b_dtype, vec: int, sme
     best of 5, bf16 (fp16) GB/s, streamed against the short plan: 1024 x 8192 2300 (2305) /
     2030 (2036), 512 x 16384 2533 (2512) / 1975 (1980), 1024 x 12288 2698 (2689) / 2458 (2489),
     4096 x 4096 3125 (3112) / 3007 (2968), 16384 x 1024 3086 (3091) / 2996 (2966), 16384 x 512
-    2389 (2413) / 2356 (2367): +1% to +28% in the 16 launches of more than one wave measured;
+    2389 (2413) / 2356 (2367): +0.6% to +28% in every launch of more than one wave measured;
     in one wave the stream lost (4096 x 1024 1771 (1774) / 1876 (1876), 4096 x 512 1344 (1355) /
     1413 (1409), 2048 x 2048 1893 (1879) / 1900 (1910)) or tied (1024 x 4096 1913 / 1893).
     ``affine``: (w given, b given)."""

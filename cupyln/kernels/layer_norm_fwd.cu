@@ -174,8 +174,9 @@ __global__ void __launch_bounds__(BLOCK, MINB)
 }
 
 // Tier "stream" (sm_90, 16-bit rows of 512-20K elements in long launches, and in short ones
-// that the register rows would run in more than one wave; _launch.py says which): TPR threads per row that read the row twice and hold none of it, a block per row
-// (TPR == BLOCK) or, for rows of a warp, BLOCK / TPR rows a block.
+// that the register rows would run in more than one wave; _launch.py says which): TPR threads
+// per row that read the row twice and hold none of it, a block per row (TPR == BLOCK) or, for
+// rows of a warp, BLOCK / TPR rows a block.
 //   N = NCH * TPR * VEC (16-byte packs; PARTIAL below): thread t of a row owns packs
 //   t + j * TPR, j < NCH, one pack a step. Pass 1 loads the packs under an L2 evict_last
 //   policy, the next in flight while one is summed; each pack's exact mean mj of x - k (k the
