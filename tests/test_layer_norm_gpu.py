@@ -6,6 +6,7 @@ NaN-poisoned before the call (passed through ``out=``), so an element the kernel
 fails the comparison. Inputs are the seeds' ``-2.3 + 0.5 * randn`` with fresh seeds per case.
 """
 
+import contextlib
 import itertools
 import math
 
@@ -107,6 +108,26 @@ def inputs(shape, xdt, wdt, bdt):
     return x, w, b, dy
 
 
+@contextlib.contextmanager
+def forward_rules(monkeypatch, **values):
+    """The forward's launch constants of cupyln._launch set to ``values`` for the block, its
+    plans and cached launches cleared before and after."""
+    from cupyln import _api, _launch
+
+    def clear():
+        _api._forward_launch.cache_clear()
+        _api._forward_calls.clear()
+
+    for name, value in values.items():
+        monkeypatch.setattr(_launch, name, value)
+    clear()
+    try:
+        yield
+    finally:
+        monkeypatch.undo()
+        clear()
+
+
 @pytest.fixture(autouse=True)
 def _free_memory():
     yield
@@ -168,24 +189,12 @@ def test_rows_of_a_warp_centered_in_the_slots_they_fill(monkeypatch, xdt, wdt, b
     768) are kept centered in those 3 on sm_90, at 1024 threads an SM (the register tier rounds
     slots up to 4 otherwise), in short launches and in long ones (any launch here:
     FWD_SHORT_WAVES = 0)."""
-    from cupyln import _api, _launch
-
-    def clear():
-        _api._forward_launch.cache_clear()
-        _api._forward_calls.clear()
-
-    if long:
-        monkeypatch.setattr(_launch, "FWD_SHORT_WAVES", 0)
-    clear()
-    try:
+    with forward_rules(monkeypatch, **({"FWD_SHORT_WAVES": 0} if long else {})):
         x, w, b, dy = inputs((m, n), xdt, wdt, bdt)
         if int(x.device.compute_capability) == 90:
             got = cupyln.describe(x, w, b)["forward"]
             assert got.startswith("reg ") and " items=3 " in got, got
         run_and_check(x, w, b, dy)
-    finally:
-        monkeypatch.undo()
-        clear()
 
 
 STREAM = [
@@ -212,16 +221,7 @@ def test_forward_stream_rows(monkeypatch, xdt, wdt, bdt, n):
     rows, rows of a large mean (1e3, 1e4) and one of a repeated value against the float64
     reference; y written over x itself, and by the cached launch of a second call, match y
     written elsewhere, bit for bit."""
-    from cupyln import _api, _launch
-
-    def clear():
-        _api._forward_launch.cache_clear()
-        _api._forward_calls.clear()
-
-    monkeypatch.setattr(_launch, "FWD_SHORT_WAVES", 0)
-    monkeypatch.setattr(_launch, "FWD_STREAM_DRAM_PER_SM", 0.0)
-    clear()
-    try:
+    with forward_rules(monkeypatch, FWD_SHORT_WAVES=0, FWD_STREAM_DRAM_PER_SM=0.0):
         _, w, b, dy = inputs((37, n), xdt, wdt, bdt)
         x = fresh((37, n + 64), xdt)[:, :n]  # rows at a stride of n + 64
         x[5] = fresh((n,), xdt, loc=1000.0, scale=8.0)
@@ -237,9 +237,6 @@ def test_forward_stream_rows(monkeypatch, xdt, wdt, bdt, n):
         for _ in range(2):  # the first call plans, the second takes the cached launch
             got = cupyln.forward(dense, w, b)[0]
             assert bool((got.view("uint16") == y.view("uint16")).all())
-    finally:
-        monkeypatch.undo()
-        clear()
 
 
 SHORT_STREAM = [(20001, 512, True), (16384, 1000, True), (1151, 8192, True), (512, 16384, True),
@@ -252,23 +249,12 @@ def test_short_launches_stream_past_one_wave(monkeypatch, dtype, m, n, stream):
     """Short forward launches of 16-bit rows the stream tier takes, where no register plan fits
     one wave of resident blocks (any sm_90 here: FWD_STREAM_DRAM_PER_SM = 0), against the float64
     reference; launches that one wave holds keep the register rows."""
-    from cupyln import _api, _launch
-
-    def clear():
-        _api._forward_launch.cache_clear()
-        _api._forward_calls.clear()
-
-    monkeypatch.setattr(_launch, "FWD_STREAM_DRAM_PER_SM", 0.0)
-    clear()
-    try:
+    with forward_rules(monkeypatch, FWD_STREAM_DRAM_PER_SM=0.0):
         x, w, b, dy = inputs((m, n), dtype, dtype, dtype)
         if int(x.device.compute_capability) == 90:
             got = cupyln.describe(x, w, b)["forward"]
             assert got.startswith("stream " if stream else "reg "), got
         run_and_check(x, w, b, dy)
-    finally:
-        monkeypatch.undo()
-        clear()
 
 
 @pytest.mark.parametrize("m,n", [(640, 640), (3000, 768), (1151, 8192), (512, 16384), (37, 20480)])
