@@ -76,51 +76,48 @@ Thresholds and why (H200, bf16, M*N = 2**27; scripts/tune.py, data in docs/):
   blocks of 192, 384 and 448 threads;
 * in long launches of at most MAX_GRID rows on sm_90 devices with fast DRAM
   (FWD_STREAM_DRAM_PER_SM), 16-bit rows in 16-byte vectors with 16-bit w and b stream instead
-  (layer_norm_fwd.cu ln_fwd_stream): the threads of a row sum it from HBM and read it again
-  from L1 or L2 for y, 32 registers a thread at FWD_STREAM_THREADS an SM. Rows of up to
-  2 * FWD_STREAM_PAIRS packs take two packs a thread in the fewest warps where they fill them
-  (N = 512, a warp a row, eight rows a block; 1024, 1536, ..., 4096: 64-256 threads, a block a
-  row), and N = 896-1016 in 64 threads, the last packs of some threads past the row (partial);
-  wider rows whose packs split evenly over one of FWD_STREAM_SHAPES (N = 6144: 256 threads of
-  3 packs; 8192, 12288, 16384: 512 threads of 2-4; 5120, 7680, 10240: 320 threads of 2-4;
-  14336: 448 of 4; 20480: 640 of 4), a block a row, and past those rows whose packs split
-  evenly over 256-640 threads (a multiple of 32) at 3 or 4 packs, or 256-384 at 2
-  (FWD_STREAM_EVEN: 17 more widths up to 20480). H200, M*N = 2**27, one process, best of 5,
-  three x rotated between calls, GB/s against the register rows: bf16 N=4096 4151 / 4007, 6144
-  4069 / 4023, 8192 4042 / 3938, 12288 4109 / 3958, 16384 4012 / 3965; fp16 4140 / 3990, 4066
-  / 4018, 4061 / 3946, 4111 / 3974, 3944 / 3955; copy 4254, bf16 (fp16): N=5120 4122 / 4014
-  (4088 / 4019), 7680 4117 / 4005 (4119 / 4008), 10240 4034 / 3980 (4032 / 3978), 14336 4065 /
-  3950 (4062 / 3956), 20480 4057 / 3906 (4061 / 3923); 7168 over 448 threads of 2 lost, 3976
-  / 4021. Narrow rows (copy 4226-4255), bf16 (fp16): N=512 3994 / 3962 (3981 / 3974), 1024 4071
-  / 4006 (4076 / 4017), 1536 4099 / 3953 (4055 / 3957), 2048 4126 / 4073 (4121 / 4071), 2560
-  4148 / 4037, 3072 4146 / 3991 (4099 / 3995), 3584 4175 / 3825; partial: 896 3839 / 3779 (3880
-  / 3800), 1000 3976 / 3929 (3977 / 3923). Partial rows of more threads lost but where the
-  register rows are weak (1400 3865 / 3920, 2240 3798 / 3924, 2400 3823 / 3971, 3000 3846 /
-  3929, 4000 3858 / 3918; 1792 3967 / 3874, 3136 3746 / 3562), as did rows of 64 threads
-  filling 3/4 (768 3643 / 3973, 1152 3680 / 3960) and a warp's partial rows (480 3662 / 3886).
-  Other shapes of narrow rows lost: one pack a thread (N=1024 over 128 threads 3735 / 3983),
-  a warp of 3-4 packs (768 3797 / 3972, 1024 3722 / 4008), three packs where two fit (1536
-  over 64 threads 4020, 3072 over 128 4041-4052); blocks of 64 threads for rows of a warp
-  (N=512 3978 / 3962); blocks of 256 threads (eight rows) ahead of 128 by 0.3-0.5% (bf16 4008
-  / 3997, 4010 / 3991; fp16 4015 / 4001, 4011 / 3992 in two rounds). More packs a
-  thread lost (bf16 N=8192 over 256 threads 3784 against 3964, 10240 3681, 14336 3436, 16384
-  3251; 20480 over 512: 3844 / 3907; 24576 3681), as did
-  blocks of 1024 (N=16384 3554 / 3955; 32768 level, 3876 / 3870), x loaded past L1 in pass 1
-  too (N=8192 3791, 12288 3819) and, in a first form, a grid-stride row loop (N=4096 2096). On
-  an H100 SXM (3.35 TB/s), whose register rows reach 97% of its copy bandwidth, that first
-  form lost 1-5% (bf16 N=4096 2869 / 2929, 16384 2778 / 2922; level at 8192, 2944 / 2932):
-  hence the DRAM gate. FWD_STREAM_EVEN's widths, one process, best of 3, bf16 (fp16) GB/s against
-  the register rows, M*N = 2**27: N=4608 (288 x 2) 4178 / 4036 (4122 / 4053), 5632 (352 x 2) 4029 /
-  3990 (3976 / 3986), 6912 (288 x 3) 4103 / 4016, 9216 (384 x 3) 4127 / 4001 (4130 / 3997), 11264
-  (352 x 4) 4045 / 4008 (4033 / 4018), 13824 (576 x 3) 4140 / 3956, 14592 (608 x 3) 4139 / 3936
-  (4133 / 3933), 19456 (608 x 4) 4065 / 3926 (4070 / 3926): +0.4% to +5.2% at all 17 but fp16 5632
-  (-0.3%); M=4096: +0.7% to +9.4% (8448: 3620 / 3309). Two packs over 416 threads or more lost
-  (N=6656 over 416 3887 / 3985, 8704 over 544 3749 / 3993, 9216 over 576 3768 / 3982, 9728 over 608
-  3813 / 3960; 7168 over 448 above), as 288 x 4 did to 384 x 3 at 9216 (3997) and 480 x 4 to 640 x 3
-  at 15360 (4048 / 4116); so did partial rows over 256-640 threads at 3-4 packs, at every one of 19
-  other widths, long and short, -1.3% to -14.8% (bf16 N=15872 as 512 x 4, 97% of the slots filled,
-  3682 / 3971; 12000 as 512 x 3 3658 / 3983; 6000 as 256 x 3 3832 / 3964). Short launches stream too
-  where none of forward_launch_plan's register plans fits one wave of resident blocks
+  (layer_norm_fwd.cu ln_fwd_stream): the threads of a row sum it from HBM and read it again from L1
+  or L2 for y, 32 registers a thread at FWD_STREAM_THREADS an SM. Rows of up to 2 * FWD_STREAM_PAIRS
+  packs take two packs a thread in the fewest warps where they fill them (N = 512, a warp a row,
+  eight rows a block; 1024, 1536, ..., 4096: 64-256 threads, a block a row), and N = 896-1016 in 64
+  threads, the last packs of some threads past the row (partial); wider rows whose packs split
+  evenly over 256-640 threads (a multiple of 32) at 3 or 4 packs, or 256-384 at 2 (FWD_STREAM_EVEN;
+  N = 6144: 256 threads of 3 packs; 12288, 16384: 512 of 3-4; 5120, 7680, 10240: 320 of 2-4; 14336:
+  448 of 4; 20480: 640 of 4; and 17 more widths up to 20480), or over one of FWD_STREAM_SHAPES first
+  (8192: 512 of 2), a block a row. H200, M*N = 2**27, one process, best of 5, three x rotated
+  between calls, GB/s against the register rows: bf16 N=4096 4151 / 4007, 6144 4069 / 4023, 8192
+  4042 / 3938, 12288 4109 / 3958, 16384 4012 / 3965; fp16 4140 / 3990, 4066 / 4018, 4061 / 3946,
+  4111 / 3974, 3944 / 3955; copy 4254, bf16 (fp16): N=5120 4122 / 4014 (4088 / 4019), 7680 4117 /
+  4005 (4119 / 4008), 10240 4034 / 3980 (4032 / 3978), 14336 4065 / 3950 (4062 / 3956), 20480 4057 /
+  3906 (4061 / 3923); 7168 over 448 threads of 2 lost, 3976 / 4021. Narrow rows (copy 4226-4255),
+  bf16 (fp16): N=512 3994 / 3962 (3981 / 3974), 1024 4071 / 4006 (4076 / 4017), 1536 4099 / 3953
+  (4055 / 3957), 2048 4126 / 4073 (4121 / 4071), 2560 4148 / 4037, 3072 4146 / 3991 (4099 / 3995),
+  3584 4175 / 3825; partial: 896 3839 / 3779 (3880 / 3800), 1000 3976 / 3929 (3977 / 3923). Partial
+  rows of more threads lost but where the register rows are weak (1400 3865 / 3920, 2240 3798 /
+  3924, 2400 3823 / 3971, 3000 3846 / 3929, 4000 3858 / 3918; 1792 3967 / 3874, 3136 3746 / 3562),
+  as did rows of 64 threads filling 3/4 (768 3643 / 3973, 1152 3680 / 3960) and a warp's partial
+  rows (480 3662 / 3886). Other shapes of narrow rows lost: one pack a thread (N=1024 over 128
+  threads 3735 / 3983), a warp of 3-4 packs (768 3797 / 3972, 1024 3722 / 4008), three packs where
+  two fit (1536 over 64 threads 4020, 3072 over 128 4041-4052); blocks of 64 threads for rows of a
+  warp (N=512 3978 / 3962); blocks of 256 threads (eight rows) ahead of 128 by 0.3-0.5% (bf16 4008 /
+  3997, 4010 / 3991; fp16 4015 / 4001, 4011 / 3992 in two rounds). More packs a thread lost (bf16
+  N=8192 over 256 threads 3784 against 3964, 10240 3681, 14336 3436, 16384 3251; 20480 over 512:
+  3844 / 3907; 24576 3681), as did blocks of 1024 (N=16384 3554 / 3955; 32768 level, 3876 / 3870), x
+  loaded past L1 in pass 1 too (N=8192 3791, 12288 3819) and, in a first form, a grid-stride row
+  loop (N=4096 2096). On an H100 SXM (3.35 TB/s), whose register rows reach 97% of its copy
+  bandwidth, that first form lost 1-5% (bf16 N=4096 2869 / 2929, 16384 2778 / 2922; level at 8192,
+  2944 / 2932): hence the DRAM gate. FWD_STREAM_EVEN's widths, one process, best of 3, bf16 (fp16)
+  GB/s against the register rows, M*N = 2**27: N=4608 (288 x 2) 4178 / 4036 (4122 / 4053), 5632 (352
+  x 2) 4029 / 3990 (3976 / 3986), 6912 (288 x 3) 4103 / 4016, 9216 (384 x 3) 4127 / 4001 (4130 /
+  3997), 11264 (352 x 4) 4045 / 4008 (4033 / 4018), 13824 (576 x 3) 4140 / 3956, 14592 (608 x 3)
+  4139 / 3936 (4133 / 3933), 19456 (608 x 4) 4065 / 3926 (4070 / 3926): +0.4% to +5.2% at all 17 but
+  fp16 5632 (-0.3%); M=4096: +0.7% to +9.4% (8448: 3620 / 3309). Two packs over 416 threads or more
+  lost (N=6656 over 416 3887 / 3985, 8704 over 544 3749 / 3993, 9216 over 576 3768 / 3982, 9728 over
+  608 3813 / 3960; 7168 over 448 above), as 288 x 4 did to 384 x 3 at 9216 (3997) and 480 x 4 to 640
+  x 3 at 15360 (4048 / 4116); so did partial rows over 256-640 threads at 3-4 packs, at every one of
+  19 other widths, long and short, -1.3% to -14.8% (bf16 N=15872 as 512 x 4, 97% of the slots
+  filled, 3682 / 3971; 12000 as 512 x 3 3658 / 3983; 6000 as 256 x 3 3832 / 3964). Short launches
+  stream too where none of forward_launch_plan's register plans fits one wave of resident blocks
   (FWD_STREAM_SHORT: +0.6% to +28% in every such launch measured, bf16 M=512 N=16384 2533 GB/s
   against 1975, 1024 x 8192 2300 / 2030, 4096 x 3584 2991 / 2797, 16384 x 1024 3086 / 2996; in one
   wave it lost, 4096 x 1024 1771 / 1876);
@@ -295,15 +292,16 @@ FWD_LAG_BLOCK = 384
 # thread, in the fewest warps that hold them, where they fill those warps' packs (rows of a
 # warp: eight a block of FWD_STREAM_WARP_BLOCK threads) or, in FWD_STREAM_PARTIAL threads, at
 # least FWD_STREAM_FILL of them (the last packs of some threads past the row); wider rows take
-# the first of FWD_STREAM_SHAPES, (threads a row, packs a thread), that splits them evenly, a
-# block a row. The launch bounds ask for FWD_STREAM_THREADS an SM (at most: blocks of 320, 448
-# and 640 threads fit 1920, 1792 and 1920).
+# the first of FWD_STREAM_SHAPES, (threads a row, packs a thread), that splits them evenly, then
+# the first of FWD_STREAM_EVEN, (packs a thread, most threads), whose threads, a multiple of 32
+# and at least FWD_STREAM_EVEN_LEAST, split them evenly: a block a row. FWD_STREAM_SHAPES holds
+# the one shape measured ahead of FWD_STREAM_EVEN's (N = 8192 over 512 threads of 2: 4042 GB/s,
+# where 256 of 4 read 3784). The launch bounds ask for FWD_STREAM_THREADS an SM (at most:
+# blocks of 320, 448 and 640 threads fit 1920, 1792 and 1920).
 FWD_STREAM_PAIRS = 256
 FWD_STREAM_PARTIAL = 64
 FWD_STREAM_FILL = 0.875
-FWD_STREAM_SHAPES = ((512, (2, 3, 4)), (256, (3,)), (320, (2, 3, 4)), (448, (4,)), (640, (4,)))
-# ...and past those, rows whose packs split evenly over a block of FWD_STREAM_EVEN_LEAST to
-# `most` threads, a multiple of 32, at `packs` a thread: (packs, most), the first that fits
+FWD_STREAM_SHAPES = ((512, (2,)),)
 FWD_STREAM_EVEN = ((3, 640), (4, 640), (2, 384))
 FWD_STREAM_EVEN_LEAST = 256
 FWD_STREAM_THREADS = 2048
@@ -637,8 +635,8 @@ def _fwd_stream(n: int, vec: int):
         if packs % tpr == 0 and packs // tpr in steps:
             return tpr, packs // tpr, False
     for steps, most in FWD_STREAM_EVEN:
-        tpr, rest = divmod(packs, steps)
-        if not rest and tpr % 32 == 0 and FWD_STREAM_EVEN_LEAST <= tpr <= most:
+        tpr, left = divmod(packs, steps)
+        if not left and tpr % 32 == 0 and FWD_STREAM_EVEN_LEAST <= tpr <= most:
             return tpr, steps, False
     return None
 
