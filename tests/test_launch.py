@@ -477,36 +477,16 @@ def test_stream_16bit_rows():
     h100 = _launch.MAX_CLUSTER
     shapes = {n: (n // 16, 2, False) for n in range(512, 4097, 512)}  # threads a row, packs
     shapes.update({n: (64, 2, True) for n in range(896, 1024, 8)})  # 112-127 packs of 128
-    shapes.update({
-        5120: (320, 2, False),
-        6144: (256, 3, False),
-        7680: (320, 3, False),
-        8192: (512, 2, False),
-        10240: (320, 4, False),
-        12288: (512, 3, False),
-        14336: (448, 4, False),
-        16384: (512, 4, False),
-        20480: (640, 4, False),
-    })  # fmt: skip
-    shapes.update({  # FWD_STREAM_EVEN: 3 or 4 packs over 256-640 threads, 2 over 256-384
-        4608: (288, 2, False),
-        5632: (352, 2, False),
-        6912: (288, 3, False),
-        8448: (352, 3, False),
-        9216: (384, 3, False),
-        9984: (416, 3, False),
-        10752: (448, 3, False),
-        11264: (352, 4, False),
-        11520: (480, 3, False),
-        13056: (544, 3, False),
-        13312: (416, 4, False),
-        13824: (576, 3, False),
-        14592: (608, 3, False),
-        15360: (640, 3, False),
-        17408: (544, 4, False),
-        18432: (576, 4, False),
-        19456: (608, 4, False),
-    })  # fmt: skip
+    # wider rows, (threads, packs) a block a row: 8192 from FWD_STREAM_SHAPES; the rest
+    # FWD_STREAM_EVEN's, 3 or 4 packs over 256-640 threads, 2 over 256-384
+    wide = {5120: (320, 2), 6144: (256, 3), 7680: (320, 3), 8192: (512, 2), 10240: (320, 4)}
+    wide.update({12288: (512, 3), 14336: (448, 4), 16384: (512, 4), 20480: (640, 4)})
+    wide.update({4608: (288, 2), 5632: (352, 2), 6912: (288, 3), 8448: (352, 3)})
+    wide.update({9216: (384, 3), 9984: (416, 3), 10752: (448, 3), 11264: (352, 4)})
+    wide.update({11520: (480, 3), 13056: (544, 3), 13312: (416, 4), 13824: (576, 3)})
+    wide.update({14592: (608, 3), 15360: (640, 3), 17408: (544, 4), 18432: (576, 4)})
+    wide.update({19456: (608, 4)})
+    shapes.update({n: (tpr, steps, False) for n, (tpr, steps) in wide.items()})
     for n in range(8, 65537, 8):
         for x, w, b in ((bf16, bf16, bf16), (fp16, fp16, fp16), (fp16, bf16, fp16)):
             p = _launch.forward_plan(n, x, w, b, 8, SMEM_H100, h100, stream=True)
