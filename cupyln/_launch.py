@@ -524,10 +524,9 @@ def forward_plan(n: int, x_dtype, w_dtype, b_dtype, vec: int, smem_limit: int,
     FWD_LEAN_THREADS (the module's notes); ``one_wave``: centered rows ask for FWD_REG_THREADS
     per SM (forward_launch_plan; sm_90 only, as the 4-vector rows above); ``stream``: at
     FWD_REG_ITEMS (long launches, and short ones past one wave: forward_launch_plan) and not
-    ``one_wave``, 16-bit rows that split over
-    FWD_STREAM_SHAPES stream on sm_90 (_fwd_stream; forward_launch_plan asks for it where the
-    device's DRAM is fast enough, FWD_STREAM_DRAM_PER_SM); ``affine``: (w given, b given), which
-    the stream tier's kernel takes at compile time."""
+    ``one_wave``, 16-bit rows that _fwd_stream gives a shape stream on sm_90 (forward_launch_plan
+    asks for it where the device's DRAM is fast enough, FWD_STREAM_DRAM_PER_SM); ``affine``: (w
+    given, b given), which the stream tier's kernel takes at compile time."""
     tx, tw, tb = ctype(x_dtype), ctype(w_dtype), ctype(b_dtype)
     row_bytes = _staged(n, x_dtype.itemsize)
     # double x, w or b: 1024-thread blocks and 64 registers a thread spill
