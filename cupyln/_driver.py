@@ -58,21 +58,19 @@ def _launch_kernel_ex():
 class _Buffer:
     """One thread's argument buffer for one parameter layout."""
 
-    __slots__ = ("pack", "extra", "config", "attrs", "_data", "_size", "_options", "_attr")
+    __slots__ = ("data", "extra", "config", "attrs", "_size", "_options", "_attr")
 
     def __init__(self, layout: struct.Struct):
-        self._data = ctypes.create_string_buffer(max(8, layout.size))  # malloc: 16-aligned
+        self.data = ctypes.create_string_buffer(max(8, layout.size))  # malloc: 16-aligned
         self._size = ctypes.c_size_t(layout.size)
         self._options = (ctypes.c_void_p * 5)(
             _PARAM_BUFFER_POINTER,
-            ctypes.addressof(self._data),
+            ctypes.addressof(self.data),
             _PARAM_BUFFER_SIZE,
             ctypes.addressof(self._size),
             _PARAM_END,
         )
         self.extra = ctypes.addressof(self._options)  # the arrays live as long as the buffer
-        data = self._data
-        self.pack = lambda *values: layout.pack_into(data, 0, *values)
         # cuLaunchKernelEx's CUlaunchConfig and its one CUlaunchAttribute (id, padding to 8
         # bytes, a 64-byte value whose first int enables programmatic stream serialization)
         self._attr = ctypes.create_string_buffer(72)
@@ -84,7 +82,7 @@ class _Buffer:
 class Launcher:
     """Launches one compiled kernel (a ``cupy.RawKernel``) whose parameters have ``fmt``."""
 
-    __slots__ = ("kernel", "fmt", "_func", "_layout", "_local", "_ex")
+    __slots__ = ("kernel", "fmt", "_func", "_layout", "_local", "_ex", "_launch")
 
     def __init__(self, kernel, fmt: str, after_prior: bool = False):
         self.kernel = kernel
@@ -93,22 +91,20 @@ class Launcher:
         self._layout = struct.Struct("@" + fmt)  # C's layout: each value at its alignment
         self._local = threading.local()
         self._ex = _launch_kernel_ex() if after_prior else None
-
-    def _buffer(self) -> _Buffer:
-        buf = getattr(self._local, "buf", None)
-        if buf is None:
-            buf = self._local.buf = _Buffer(self._layout)
-        return buf
+        self._launch = _driver().launchKernel
 
     def __call__(self, grid, block, smem: int, stream: int, *args) -> None:
         """Launch on ``stream`` (a raw CUstream; 0 is the legacy default stream) with the
         current device's context. ``grid``/``block`` are ints or (x, y) pairs."""
-        buf = self._buffer()
-        buf.pack(*args)
+        try:
+            buf = self._local.buf
+        except AttributeError:  # this thread's first launch of the kernel
+            buf = self._local.buf = _Buffer(self._layout)
+        self._layout.pack_into(buf.data, 0, *args)
         gx, gy = (grid, 1) if isinstance(grid, int) else grid
         bx, by = (block, 1) if isinstance(block, int) else block
         if self._ex is None:
-            _driver().launchKernel(self._func, gx, gy, 1, bx, by, 1, smem, stream, 0, buf.extra)
+            self._launch(self._func, gx, gy, 1, bx, by, 1, smem, stream, 0, buf.extra)
             return
         config = buf.config
         _CONFIG.pack_into(config, 0, gx, gy, 1, bx, by, 1, smem, stream, buf.attrs, 1)
