@@ -195,9 +195,10 @@ def _get(plan_source: str, expr: str, device_id: int, smem: int):
 
 
 # Kernel parameter layouts (struct format, see _driver): pointers Q, strides and row counts q,
-# N and counts i, eps in the arithmetic type (f or d).
+# N and counts i, eps and 1 / N in the arithmetic type (f or d).
 _FWD_ARGS = "QqQQQQQqi"  # x, x_stride, y, w, b, mean, rstd, m, n (+ eps)
-_BWD_REG_ARGS = "QqQqQQQQQQqi"  # dy, dy_stride, x, x_stride, w, mean, rstd, dx, dw_p, db_p, m, n
+# dy, dy_stride, x, x_stride, w, mean, rstd, dx, dw_p, db_p, m, n (+ 1 / N)
+_BWD_REG_ARGS = "QqQqQQQQQQqi"
 _BWD_ROW_ARGS = "QqQqQQQQqi"  # dy, dy_stride, x, x_stride, w, mean, rstd, dx, m, n
 _COLS_ARGS = "QqQqQQQQqiq"  # dy, dy_stride, x, x_stride, mean, rstd, dw_p, db_p, m, n, per
 _REDUCE_ARGS = "QQiiQQ"  # dw_p, db_p, slices, n, dw, db
@@ -261,7 +262,7 @@ def _backward_launch(device_id, n, x_dtype, w_dtype, db_dtype, vec, short=False)
     if plan.tier == "row":
         cols = _get(_compile.BWD_SOURCE, _launch.dwdb_cols_expr(x_dtype), device_id, 0)
         cols = Launcher(cols, _COLS_ARGS)
-    fmt = _BWD_ROW_ARGS if plan.tier == "row" else _BWD_REG_ARGS  # with partials
+    fmt = _BWD_ROW_ARGS if plan.tier == "row" else _BWD_REG_ARGS + _eps_code(x_dtype)
     cap = _capacity(k, plan.block, plan.smem, device_id, plan.cluster)
     return Launcher(k, fmt), plan, cap, cols
 
@@ -272,8 +273,9 @@ def _backward_grid(device_id, m, n, x_dtype, w_dtype, db_dtype, vec):
     column launcher), with the short launch's plan where M makes one (_launch.backward_short),
     then G, rows per slice and partial_reduce: G dw/db partial rows, one per block (cluster) of
     the register, ring and cluster tiers (_launch.backward_grid) or per slice of the row tier's
-    column kernel (_launch.dwdb_slices, its rows per slice). One cache lookup per call for a
-    shape seen before."""
+    column kernel (_launch.dwdb_slices, its rows per slice), and 1 / N rounded to the arithmetic
+    type (the kernels with partials take it). One cache lookup per call for a shape seen
+    before."""
     key = device_id, n, x_dtype, w_dtype, db_dtype, vec
     launch = _backward_launch(*key)
     _, plan, cap, _ = launch
@@ -285,7 +287,11 @@ def _backward_grid(device_id, m, n, x_dtype, w_dtype, db_dtype, vec):
         g, per = _launch.dwdb_slices(m, n, sms)
     else:
         g, per = _launch.backward_grid(m, plan, cap, sms), 0
-    return (*launch, g, per, partial_reduce(device_id, n, x_dtype, w_dtype, db_dtype, g))
+    acc = acc_dtype(x_dtype).type
+    inv_n = float(acc(1) / acc(n))  # IEEE division in that type, as a kernel's would round
+    return (
+        *launch, g, per, partial_reduce(device_id, n, x_dtype, w_dtype, db_dtype, g), inv_n
+    )  # fmt: skip
 
 
 @lru_cache(maxsize=4096)
@@ -406,14 +412,14 @@ def launch_backward(dev, m, n, dy_ptr, dy_stride, x_ptr, x_stride, x_dtype, w_pt
     esz = acc_dtype(x_dtype).itemsize
     vec = _vector_width(x_dtype.itemsize, n, (x_stride, dy_stride), (x_ptr | dy_ptr | dx_ptr) & 15)
     launch = _backward_grid(dev, m, n, x_dtype, w_dtype, db_dtype, vec)
-    k, plan, cap, cols, g, per, (red, red_grid, red_block) = launch
+    k, plan, cap, cols, g, per, (red, red_grid, red_block), inv_n = launch
     stream = _current_stream() if stream is None else stream
     part, owner = workspace(2 * g * n * esz)
     dw_part = part if w_ptr else 0
     db_part = part + g * n * esz
     if plan.tier != "row":  # one partial row per block (per cluster of blocks)
         k(g * plan.cluster, plan.block, plan.smem, stream, dy_ptr, dy_stride, x_ptr, x_stride,
-          w_ptr, mean_ptr, rstd_ptr, dx_ptr, dw_part, db_part, m, n)  # fmt: skip
+          w_ptr, mean_ptr, rstd_ptr, dx_ptr, dw_part, db_part, m, n, inv_n)  # fmt: skip
     else:
         k(_launch.grid_size(m, 1, cap), plan.block, plan.smem, stream, dy_ptr, dy_stride, x_ptr,
           x_stride, w_ptr, mean_ptr, rstd_ptr, dx_ptr, m, n)  # fmt: skip

@@ -164,7 +164,8 @@ def main():
                            dw=dw, db=db):  # fmt: skip
                     if tier == "reg":
                         k((g,), (block,), (dy, numpy.int64(n), x, numpy.int64(n), w, mean0,
-                          rstd0, dx, part[0], part[1], numpy.int64(m), numpy.int32(n)))  # fmt: skip
+                          rstd0, dx, part[0], part[1], numpy.int64(m), numpy.int32(n),
+                          acc(1) / acc(n)))  # fmt: skip
                     else:
                         k((g,), (block,), (dy, numpy.int64(n), x, numpy.int64(n), w, mean0,
                           rstd0, dx, numpy.int64(m), numpy.int32(n)), shared_mem=smem)  # fmt: skip

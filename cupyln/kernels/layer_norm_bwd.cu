@@ -4,7 +4,12 @@
 //   dx = rstd * (g - mean_N(g) - xhat * mean_N(g * xhat))
 //   dw = sum over rows of dy * xhat,    db = sum over rows of dy.
 // Inputs : dy, x [M, N] of T (own row strides, last dim contiguous), w [N] of TW or nullptr,
-//          mean, rstd [M] of A = AccOf<T>.
+//          mean, rstd [M] of A = AccOf<T>; the kernels that write partials also take inv_n,
+//          1 / N rounded to A. A parameter, read from the constant bank where a row's means
+//          are formed, takes no register: computed in the kernel, the value was spilled with
+//          the row step in fp16 blocks of 384 threads (N = 4352-6144), and its reload after
+//          each row's barrier cost them 3-5% (H200, fp16 N=5120 3639 -> 3818 GB/s with no
+//          spill, 6144 3716 -> 3842).
 // Outputs: dx [M, N] of T, contiguous; dw_part, db_part [G, N] of A (dw_part may be nullptr
 //          when no dw is wanted), summed afterwards by ln_partial_reduce in a fixed order.
 //
@@ -127,7 +132,7 @@ __device__ __forceinline__ void bwd_reg_rows(
     const TW* __restrict__ w, const typename AccOf<T>::type* __restrict__ mean,
     const typename AccOf<T>::type* __restrict__ rstd, T* __restrict__ dx,
     typename AccOf<T>::type* __restrict__ dw_part, typename AccOf<T>::type* __restrict__ db_part,
-    const i64 M, const int N, typename AccOf<T>::type* xch) {
+    const i64 M, const int N, const typename AccOf<T>::type inv_n, typename AccOf<T>::type* xch) {
   typedef typename AccOf<T>::type A;
   typedef Pack<T, VEC> P;
   static_assert(TPR <= 32 ? 32 % TPR == 0 : TPR % 32 == 0, "bad tiling");
@@ -143,7 +148,6 @@ __device__ __forceinline__ void bwd_reg_rows(
   ClusterExchange<C, A, 2, Sync::kAsync, 4> exchange{xch};
 
   const int lane = threadIdx.x % TPR;
-  const A inv_n = A(1) / A(N);
   // the cluster's index q of Q (the block's without a cluster: a cluster is C consecutive
   // blocks), and this block's columns of the row: [lo, lo + n) of N. From the block index, not
   // cluster.cuh's reads of the cluster registers: ptxas recomputes these where it needs them,
@@ -471,10 +475,11 @@ __global__ void __launch_bounds__(
                const typename AccOf<T>::type* __restrict__ mean,
                const typename AccOf<T>::type* __restrict__ rstd, T* __restrict__ dx,
                typename AccOf<T>::type* __restrict__ dw_part,
-               typename AccOf<T>::type* __restrict__ db_part, const i64 M, const int N) {
+               typename AccOf<T>::type* __restrict__ db_part, const i64 M, const int N,
+               const typename AccOf<T>::type inv_n) {
   release_dependents();  // ln_partial_reduce, launched after it, waits for the whole grid
   bwd_reg_rows<T, TW, VEC, ITEMS, TPR, BLOCK, AHEAD, SHARED_SUMS, 1, STAGE_W>(
-      dy, dy_stride, x, x_stride, w, mean, rstd, dx, dw_part, db_part, M, N, nullptr);
+      dy, dy_stride, x, x_stride, w, mean, rstd, dx, dw_part, db_part, M, N, inv_n, nullptr);
 }
 
 template <typename T, typename TW, int VEC, int ITEMS, int BLOCK, int C, bool STAGE_W>
@@ -484,11 +489,12 @@ __global__ void CUPYLN_CLUSTER(C) __launch_bounds__(BLOCK, LagBlocks<BLOCK>::val
                        const typename AccOf<T>::type* __restrict__ mean,
                        const typename AccOf<T>::type* __restrict__ rstd, T* __restrict__ dx,
                        typename AccOf<T>::type* __restrict__ dw_part,
-                       typename AccOf<T>::type* __restrict__ db_part, const i64 M, const int N) {
+                       typename AccOf<T>::type* __restrict__ db_part, const i64 M, const int N,
+                       const typename AccOf<T>::type inv_n) {
   __shared__ typename AccOf<T>::type xch[4 * C * 2];  // four slots of two sums a block
   release_dependents();
   bwd_reg_rows<T, TW, VEC, ITEMS, BLOCK, BLOCK, true, true, C, STAGE_W>(
-      dy, dy_stride, x, x_stride, w, mean, rstd, dx, dw_part, db_part, M, N, xch);
+      dy, dy_stride, x, x_stride, w, mean, rstd, dx, dw_part, db_part, M, N, inv_n, xch);
 }
 
 // Tier "ring": fused dx + dw/db for rows too wide to keep x and dy in registers.
@@ -514,7 +520,7 @@ __device__ __forceinline__ void bwd_ring_rows(
     const TW* __restrict__ w, const typename AccOf<T>::type* __restrict__ mean,
     const typename AccOf<T>::type* __restrict__ rstd, T* __restrict__ dx,
     typename AccOf<T>::type* __restrict__ dw_part, typename AccOf<T>::type* __restrict__ db_part,
-    const i64 M, const int N) {
+    const i64 M, const int N, const typename AccOf<T>::type inv_n) {
   typedef typename AccOf<T>::type A;
   typedef Pack<T, VEC> P;
   static_assert(BLOCK % 32 == 0 && BLOCK <= 1024 && C <= 32, "bad block");
@@ -538,7 +544,6 @@ __device__ __forceinline__ void bwd_ring_rows(
   const unsigned rank = C > 1 ? cluster_rank() : 0;
   const ColumnSlices<C, VEC> slices{N / VEC};
   const int lo = slices.start(rank), nv = slices.start(rank + 1) - lo;  // this block's slice
-  const A inv_n = A(1) / A(N);
   const i64 row_begin = static_cast<i64>(q) * M / nq;
   const i64 row_end = static_cast<i64>(q + 1) * M / nq;
   const TW* __restrict__ ws = w != nullptr ? w + lo * VEC : nullptr;
@@ -663,10 +668,11 @@ __global__ void __launch_bounds__(BLOCK, 1)
                 const typename AccOf<T>::type* __restrict__ mean,
                 const typename AccOf<T>::type* __restrict__ rstd, T* __restrict__ dx,
                 typename AccOf<T>::type* __restrict__ dw_part,
-                typename AccOf<T>::type* __restrict__ db_part, const i64 M, const int N) {
+                typename AccOf<T>::type* __restrict__ db_part, const i64 M, const int N,
+                const typename AccOf<T>::type inv_n) {
   release_dependents();
   bwd_ring_rows<T, TW, VEC, ITEMS, BLOCK, 1, 0>(dy, dy_stride, x, x_stride, w, mean, rstd,
-                                                dx, dw_part, db_part, M, N);
+                                                dx, dw_part, db_part, M, N, inv_n);
 }
 
 template <typename T, typename TW, int VEC, int ITEMS, int BLOCK, int C, int LAG>
@@ -676,10 +682,11 @@ __global__ void CUPYLN_CLUSTER(C) __launch_bounds__(BLOCK, 1)
                    const typename AccOf<T>::type* __restrict__ mean,
                    const typename AccOf<T>::type* __restrict__ rstd, T* __restrict__ dx,
                    typename AccOf<T>::type* __restrict__ dw_part,
-                   typename AccOf<T>::type* __restrict__ db_part, const i64 M, const int N) {
+                   typename AccOf<T>::type* __restrict__ db_part, const i64 M, const int N,
+                   const typename AccOf<T>::type inv_n) {
   release_dependents();
   bwd_ring_rows<T, TW, VEC, ITEMS, BLOCK, C, LAG>(dy, dy_stride, x, x_stride, w, mean, rstd,
-                                                  dx, dw_part, db_part, M, N);
+                                                  dx, dw_part, db_part, M, N, inv_n);
 }
 
 // Tier "row": dx for rows too wide for registers, one block per row.
