@@ -5,11 +5,11 @@
 //   dw = sum over rows of dy * xhat,    db = sum over rows of dy.
 // Inputs : dy, x [M, N] of T (own row strides, last dim contiguous), w [N] of TW or nullptr,
 //          mean, rstd [M] of A = AccOf<T>; the kernels that write partials also take inv_n,
-//          1 / N rounded to A. A parameter, read from the constant bank where a row's means
-//          are formed, takes no register: computed in the kernel, the value was spilled with
-//          the row step in fp16 blocks of 384 threads (N = 4352-6144), and its reload after
-//          each row's barrier cost them 3-5% (H200, fp16 N=5120 3639 -> 3818 GB/s with no
-//          spill, 6144 3716 -> 3842).
+//          1 / N rounded to A (the register clusters compute their own). A parameter, read
+//          from the constant bank where a row's means are formed, takes no register: computed
+//          in the kernel, the value was spilled with the row step in fp16 blocks of 384
+//          threads (N = 4352-6144), and its reload after each row's barrier cost them 4-6%
+//          (H200, fp16 N=5120 3632 -> 3857 GB/s, 6144 3716 -> 3862).
 // Outputs: dx [M, N] of T, contiguous; dw_part, db_part [G, N] of A (dw_part may be nullptr
 //          when no dw is wanted), summed afterwards by ln_partial_reduce in a fixed order.
 //
@@ -132,7 +132,8 @@ __device__ __forceinline__ void bwd_reg_rows(
     const TW* __restrict__ w, const typename AccOf<T>::type* __restrict__ mean,
     const typename AccOf<T>::type* __restrict__ rstd, T* __restrict__ dx,
     typename AccOf<T>::type* __restrict__ dw_part, typename AccOf<T>::type* __restrict__ db_part,
-    const i64 M, const int N, const typename AccOf<T>::type inv_n, typename AccOf<T>::type* xch) {
+    const i64 M, const int N, const typename AccOf<T>::type inv_n_arg,
+    typename AccOf<T>::type* xch) {
   typedef typename AccOf<T>::type A;
   typedef Pack<T, VEC> P;
   static_assert(TPR <= 32 ? 32 % TPR == 0 : TPR % 32 == 0, "bad tiling");
@@ -148,6 +149,10 @@ __device__ __forceinline__ void bwd_reg_rows(
   ClusterExchange<C, A, 2, Sync::kAsync, 4> exchange{xch};
 
   const int lane = threadIdx.x % TPR;
+  // 1 / N: the parameter (see the head of this file), but computed here in the register
+  // clusters, where taking it changed ptxas's allocation for the worse (H200, bf16 N=20480
+  // 3134 -> 3102 GB/s, with w of float32 2351 -> 2219)
+  const A inv_n = C > 1 ? A(1) / A(N) : inv_n_arg;
   // the cluster's index q of Q (the block's without a cluster: a cluster is C consecutive
   // blocks), and this block's columns of the row: [lo, lo + n) of N. From the block index, not
   // cluster.cuh's reads of the cluster registers: ptxas recomputes these where it needs them,
