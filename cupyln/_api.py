@@ -30,10 +30,10 @@ _MAX_N = 2**31 - 2**16  # columns are int32 in the kernels, with room for one bl
 
 
 # ------------------------------------------------------------------------ validation
-_modules: list = []  # [cupy, _Calls], imported on first use (importing cupyln needs no CuPy)
+_modules: list = []  # [cupy, _Cuda], imported on first use (importing cupyln needs no CuPy)
 
 
-class _Calls:
+class _Cuda:
     """The CuPy and driver functions the cached calls use, looked up once."""
 
     __slots__ = ("ndarray", "alloc", "device", "context", "stream")
@@ -50,7 +50,7 @@ def _cupy():
     if not _modules:
         import cupy
 
-        _modules.extend((cupy, _Calls(cupy)))
+        _modules.extend((cupy, _Cuda(cupy)))
     return _modules[0]
 
 

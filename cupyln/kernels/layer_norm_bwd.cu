@@ -132,7 +132,7 @@ __device__ __forceinline__ void bwd_reg_rows(
     const TW* __restrict__ w, const typename AccOf<T>::type* __restrict__ mean,
     const typename AccOf<T>::type* __restrict__ rstd, T* __restrict__ dx,
     typename AccOf<T>::type* __restrict__ dw_part, typename AccOf<T>::type* __restrict__ db_part,
-    const i64 M, const int N, const typename AccOf<T>::type inv_n_arg,
+    const i64 M, const int N, const typename AccOf<T>::type inv_n,
     typename AccOf<T>::type* xch) {
   typedef typename AccOf<T>::type A;
   typedef Pack<T, VEC> P;
@@ -149,10 +149,6 @@ __device__ __forceinline__ void bwd_reg_rows(
   ClusterExchange<C, A, 2, Sync::kAsync, 4> exchange{xch};
 
   const int lane = threadIdx.x % TPR;
-  // 1 / N: the parameter (see the head of this file), but computed here in the register
-  // clusters, where taking it changed ptxas's allocation for the worse (H200, bf16 N=20480
-  // 3134 -> 3102 GB/s, with w of float32 2351 -> 2219)
-  const A inv_n = C > 1 ? A(1) / A(N) : inv_n_arg;
   // the cluster's index q of Q (the block's without a cluster: a cluster is C consecutive
   // blocks), and this block's columns of the row: [lo, lo + n) of N. From the block index, not
   // cluster.cuh's reads of the cluster registers: ptxas recomputes these where it needs them,
@@ -495,11 +491,14 @@ __global__ void CUPYLN_CLUSTER(C) __launch_bounds__(BLOCK, LagBlocks<BLOCK>::val
                        const typename AccOf<T>::type* __restrict__ rstd, T* __restrict__ dx,
                        typename AccOf<T>::type* __restrict__ dw_part,
                        typename AccOf<T>::type* __restrict__ db_part, const i64 M, const int N,
-                       const typename AccOf<T>::type inv_n) {
-  __shared__ typename AccOf<T>::type xch[4 * C * 2];  // four slots of two sums a block
+                       const typename AccOf<T>::type /* inv_n */) {
+  typedef typename AccOf<T>::type A;
+  __shared__ A xch[4 * C * 2];  // four slots of two sums a block
   release_dependents();
+  // 1 / N computed here, not the parameter: taking it changed ptxas's allocation for the worse
+  // (H200, bf16 N=20480 3134 -> 3102 GB/s, with w of float32 2351 -> 2219)
   bwd_reg_rows<T, TW, VEC, ITEMS, BLOCK, BLOCK, true, true, C, STAGE_W>(
-      dy, dy_stride, x, x_stride, w, mean, rstd, dx, dw_part, db_part, M, N, inv_n, xch);
+      dy, dy_stride, x, x_stride, w, mean, rstd, dx, dw_part, db_part, M, N, A(1) / A(N), xch);
 }
 
 // Tier "ring": fused dx + dw/db for rows too wide to keep x and dy in registers.
