@@ -29,6 +29,12 @@ _u64 = numpy.uint64  # a pointer kernel argument (0: null)
 _MAX_N = 2**31 - 2**16  # columns are int32 in the kernels, with room for one block stride
 
 
+_forward_calls: dict = {}  # cached calls of forward / backward on CuPy arrays (_Call)
+_backward_calls: dict = {}
+_pointer_forwards: dict = {}  # launch_forward's launches by problem, pointers' alignment
+_MAX_CALLS = 4096  # distinct attribute sets remembered; past that, new ones are not cached
+
+
 # ------------------------------------------------------------------------ validation
 _modules: list = []  # [cupy, _Cuda], imported on first use (importing cupyln needs no CuPy)
 
@@ -52,6 +58,11 @@ def _cupy():
 
         _modules.extend((cupy, _Cuda(cupy)))
     return _modules[0]
+
+
+def _cuda() -> _Cuda:
+    _cupy()
+    return _modules[1]
 
 
 def _check_array(a, name: str, device_id: int | None = None) -> None:
@@ -221,6 +232,15 @@ def _forward_launch(device_id, m, n, x_dtype, w_dtype, b_dtype, vec, affine=(Tru
     return _forward_kernel(device_id, plan, x_dtype)
 
 
+def forget_forward_plans() -> None:
+    """Drop every cached forward plan, kernel and launch (after _launch's constants change:
+    the tests and tuning scripts)."""
+    _forward_launch.cache_clear()
+    _forward_kernel.cache_clear()
+    _forward_calls.clear()
+    _pointer_forwards.clear()
+
+
 @lru_cache(maxsize=4096)
 def _forward_kernel(device_id, plan, x_dtype):
     k = _get(plan.source, plan.expr, device_id, plan.smem)
@@ -388,13 +408,25 @@ def describe(x, w=None, b=None) -> dict:
 def launch_forward(dev, m, n, x_ptr, x_stride, x_dtype, y_ptr, w_ptr, w_dtype, b_ptr, b_dtype,
                    mean_ptr, rstd_ptr, eps, stream=None):  # fmt: skip
     """Forward of M >= 1 rows of N; y contiguous, mean/rstd of M values (both 0: not stored)."""
-    vec = _vector_width(x_dtype.itemsize, n, (x_stride,), (x_ptr | y_ptr) & 15)
-    k, plan, cap = _forward_launch(
-        dev, m, n, x_dtype, w_dtype, b_dtype, vec, (w_ptr != 0, b_ptr != 0)
-    )
-    k(_launch.forward_grid(m, plan, cap), plan.block, plan.smem,
-      _current_stream() if stream is None else stream,
+    align = (x_ptr | y_ptr) & 15
+    key = (dev, m, n, x_stride, x_dtype, w_dtype, b_dtype, w_ptr != 0, b_ptr != 0, align)
+    launch = _pointer_forwards.get(key)  # one lookup for the bridges' repeated calls
+    if launch is None:
+        vec = _vector_width(x_dtype.itemsize, n, (x_stride,), align)
+        k, plan, cap = _forward_launch(dev, m, n, x_dtype, w_dtype, b_dtype, vec, key[7:9])
+        launch = (k, _launch.forward_grid(m, plan, cap), plan.block, plan.smem)
+        if len(_pointer_forwards) < _MAX_CALLS:
+            _pointer_forwards[key] = launch
+    k, grid, block, smem = launch
+    k(grid, block, smem, _current_stream() if stream is None else stream,
       x_ptr, x_stride, y_ptr, w_ptr, b_ptr, mean_ptr, rstd_ptr, m, n, eps)  # fmt: skip
+
+
+def device_is_current(device_id: int) -> bool:
+    """Whether ``device_id`` is the current device and its context is current in this thread
+    (then a launch needs no ``_OnDevice``)."""
+    cuda = _modules[1] if _modules else _cuda()
+    return cuda.device() == device_id and bool(cuda.context())
 
 
 def pool_workspace(nbytes: int):
@@ -460,11 +492,6 @@ class _Call(NamedTuple):
     block: int = 0
     smem: int = 0
     x_align: int = 0
-
-
-_forward_calls: dict = {}
-_backward_calls: dict = {}
-_MAX_CALLS = 4096  # distinct attribute sets remembered; past that, new ones are not cached
 
 
 def _vkey(a):

@@ -114,13 +114,21 @@ def _forward_into(x, weight, bias, eps, y, mean_ptr: int, rstd_ptr: int) -> None
     weight, bias = _vector(weight), _vector(bias)
     xdt = _NP[x.dtype]
     index = x.get_device()
-    with _api._OnDevice(index):
-        _api.launch_forward(
-            index, m, n, x.data_ptr(), stride, xdt, y.data_ptr(),
-            _ptr(weight), xdt if weight is None else _NP[weight.dtype],
-            _ptr(bias), xdt if bias is None else _NP[bias.dtype],
-            mean_ptr, rstd_ptr, eps, _stream(index),
-        )  # fmt: skip
+    _on_device(
+        index, _api.launch_forward, m, n, x.data_ptr(), stride, xdt, y.data_ptr(),
+        _ptr(weight), xdt if weight is None else _NP[weight.dtype],
+        _ptr(bias), xdt if bias is None else _NP[bias.dtype],
+        mean_ptr, rstd_ptr, eps, _stream(index),
+    )  # fmt: skip
+
+
+def _on_device(index: int, launch, *args) -> None:
+    """``launch(index, *args)`` with device ``index`` current (made so only where it is not)."""
+    if _api.device_is_current(index):
+        launch(index, *args)
+    else:
+        with _api._OnDevice(index):
+            launch(index, *args)
 
 
 _fwd = torch.library.custom_op("cupyln::layer_norm_fwd", _fwd_impl, mutates_args=())
@@ -179,12 +187,12 @@ def _backward_into(dy, x, weight, mean_ptr: int, rstd_ptr: int, dx, dw, db) -> N
     weight = _vector(weight)
     index = x.get_device()
     wnp = _NP[db.dtype]
-    with _api._OnDevice(index):
-        _api.launch_backward(
-            index, m, n, dy.data_ptr(), gs, x.data_ptr(), xs, _NP[x.dtype], _ptr(weight), wnp,
-            mean_ptr, rstd_ptr, dx.data_ptr(), _ptr(dw) if weight is not None else 0,
-            db.data_ptr(), wnp, _workspace(index), _stream(index),
-        )  # fmt: skip
+    _on_device(
+        index, _api.launch_backward, m, n, dy.data_ptr(), gs, x.data_ptr(), xs, _NP[x.dtype],
+        _ptr(weight), wnp, mean_ptr, rstd_ptr, dx.data_ptr(),
+        _ptr(dw) if weight is not None else 0, db.data_ptr(), wnp, _workspace(index),
+        _stream(index),
+    )  # fmt: skip
 
 
 _workspaces: dict = {}  # device index -> launch_backward's workspace from torch's allocator

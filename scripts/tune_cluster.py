@@ -89,9 +89,7 @@ def forward(args, copy):
             for name, value in {**defaults, **knobs}.items():
                 setattr(_launch, name, value)
             _launch._fwd_cluster = pick if knobs else (lambda *a: None)
-            _api._forward_launch.cache_clear()
-            _api._forward_kernel.cache_clear()
-            _api._forward_calls.clear()
+            _api.forget_forward_plans()
             wb = (w, w) if affine else (None, None)
             desc = _api.describe(x, *wb)["forward"]
             if knobs and "cluster" not in desc:

@@ -28,9 +28,7 @@ KNOBS = ("REG_BLOCK_MAX", "FWD_REG_BLOCK_MAX", "RING_SPLIT", "RING_BLOCK_SPLIT",
 def run(x, w, settings):
     for name, value in settings.items():
         setattr(_launch, name, value)
-    _api._forward_launch.cache_clear()
-    _api._forward_kernel.cache_clear()
-    _api._forward_calls.clear()
+    _api.forget_forward_plans()
     y = _api.forward(x, w, w)[0]
     ms = bench.time_ms(lambda: _api.forward(x, w, w))
     return y, ms, _api.describe(x, w, w)["forward"]

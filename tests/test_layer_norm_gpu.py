@@ -115,8 +115,7 @@ def forward_rules(monkeypatch, **values):
     from cupyln import _api, _launch
 
     def clear():
-        _api._forward_launch.cache_clear()
-        _api._forward_calls.clear()
+        _api.forget_forward_plans()
 
     for name, value in values.items():
         monkeypatch.setattr(_launch, name, value)

@@ -88,6 +88,23 @@ def test_values_and_grads_match_torch(xdt, wdt, n):
         close(b.grad, dbr, "db", rows=math.sqrt(38))
 
 
+@pytest.mark.parametrize("xdt", [torch.bfloat16, torch.float32])
+def test_inputs_at_any_alignment_after_aligned_ones(xdt):
+    """Launches are remembered by problem and pointer alignment: the same shape and strides at
+    16-, 8-, 4- and 2-byte offsets (narrower vector loads) after an aligned call, and back."""
+    m, n = 37, 1024
+    x, w, b, _ = make((m, n), xdt, xdt, (n,), seed=7)
+    buf = torch.empty(m * n + 8, dtype=xdt, device="cuda")
+    step = 16 // buf.element_size()
+    for offset in (0, step, 1, 2, 4, 0):
+        xo = buf[offset : offset + m * n].view(m, n)
+        xo.copy_(x)
+        assert xo.data_ptr() % 16 == (offset * buf.element_size()) % 16
+        with torch.no_grad():
+            y = clt.layer_norm(xo, (n,), w, b)
+        close(y, reference(x, w, b, torch.zeros_like(x), (n,))[0], f"y at offset {offset}")
+
+
 def test_multi_dim_normalized_shape_and_module():
     m = clt.LayerNorm((6, 50), device="cuda")
     with torch.no_grad():
