@@ -131,10 +131,6 @@ def _on_device(index: int, launch, *args) -> None:
             launch(index, *args)
 
 
-_fwd = torch.library.custom_op("cupyln::layer_norm_fwd", _fwd_impl, mutates_args=())
-
-
-@_fwd.register_fake
 def _fwd_fake(x, weight, bias, eps):
     acc = _acc(x.dtype)
     return (
@@ -211,10 +207,6 @@ def _workspace(index: int):
     return alloc
 
 
-_bwd = torch.library.custom_op("cupyln::layer_norm_bwd", _bwd_impl, mutates_args=())
-
-
-@_bwd.register_fake
 def _bwd_fake(dy, x, weight, mean, rstd):
     n = x.shape[-1]
     wdt = x.dtype if weight is None else weight.dtype
@@ -223,14 +215,6 @@ def _bwd_fake(dy, x, weight, mean, rstd):
         x.new_empty(0 if weight is None else n, dtype=wdt),
         x.new_empty(n, dtype=wdt),
     )
-
-
-def _setup_context(ctx, inputs, output):
-    x, weight, bias, _eps = inputs
-    _, mean, rstd = output
-    ctx.save_for_backward(x, weight, mean, rstd)
-    ctx.bias_dtype = None if bias is None else bias.dtype
-    ctx.mark_non_differentiable(mean, rstd)
 
 
 def _grads(ctx, dx, dw, db):
@@ -243,12 +227,90 @@ def _grads(ctx, dx, dw, db):
     return gx, gw, gb, None
 
 
-def _backward(ctx, dy, _dmean, _drstd):
-    x, weight, mean, rstd = ctx.saved_tensors
-    return _grads(ctx, *torch.ops.cupyln.layer_norm_bwd(dy, x, weight, mean, rstd))
+def _needs_grad(a, b, c) -> bool:
+    """Autograd records a call on a (tensor) and b, c (tensors or None)."""
+    return torch.is_grad_enabled() and (
+        a.requires_grad or (b is not None and b.requires_grad)
+        or (c is not None and c.requires_grad)
+    )  # fmt: skip
 
 
-_fwd.register_autograd(_backward, setup_context=_setup_context)
+# The ops are defined with torch.library's lower-level API rather than torch.library.custom_op:
+# the same schema, fake and autograd registrations, without custom_op's generic wrappers
+# around each call (an aliasing check of the outputs, an argument-flattening autograd kernel).
+# They cost about half its host time per call (BENCHMARKS.md, host overhead). The kernels below
+# the autograd key are the implementations themselves, at CompositeExplicitAutograd as
+# custom_op registers them, so a tensor off the GPU reaches _check's error.
+_lib = torch.library.Library("cupyln", "DEF")
+_lib.define(
+    "layer_norm_fwd(Tensor x, Tensor? weight, Tensor? bias, float eps) -> (Tensor, Tensor, Tensor)",
+    tags=(torch.Tag.pt2_compliant_tag,),
+)
+_lib.define(
+    "layer_norm_bwd(Tensor dy, Tensor x, Tensor? weight, Tensor mean, Tensor rstd) "
+    "-> (Tensor, Tensor, Tensor)",
+    tags=(torch.Tag.pt2_compliant_tag,),
+)
+_lib.impl("layer_norm_fwd", _fwd_impl, "CompositeExplicitAutograd")
+_lib.impl("layer_norm_bwd", _bwd_impl, "CompositeExplicitAutograd")
+torch.library.register_fake("cupyln::layer_norm_fwd", _fwd_fake, lib=_lib)
+torch.library.register_fake("cupyln::layer_norm_bwd", _bwd_fake, lib=_lib)
+_FWD = torch.ops.cupyln.layer_norm_fwd.default
+_BWD = torch.ops.cupyln.layer_norm_bwd.default
+_below_autograd = torch._C._AutoDispatchBelowAutograd
+
+
+class _FwdOp(torch.autograd.Function):
+    """layer_norm_fwd's autograd: mean and rstd are not differentiable, the backward is
+    layer_norm_bwd."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, eps):
+        with _below_autograd():
+            y, mean, rstd = _FWD(x, weight, bias, eps)
+        ctx.save_for_backward(x, weight, mean, rstd)
+        ctx.bias_dtype = None if bias is None else bias.dtype
+        ctx.mark_non_differentiable(mean, rstd)
+        return y, mean, rstd
+
+    @staticmethod
+    def backward(ctx, dy, _dmean, _drstd):
+        x, weight, mean, rstd = ctx.saved_tensors
+        return _grads(ctx, *_BWD(dy, x, weight, mean, rstd))
+
+
+class _BwdOp(torch.autograd.Function):
+    """layer_norm_bwd is differentiable once: a second backward through it is refused."""
+
+    @staticmethod
+    def forward(ctx, dy, x, weight, mean, rstd):
+        with _below_autograd():
+            return _BWD(dy, x, weight, mean, rstd)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise RuntimeError(
+            "cupyln's LayerNorm backward is not differentiable (no double backward); "
+            "torch.nn.functional.layer_norm supports it"
+        )
+
+
+def _fwd_autograd(x, weight, bias, eps):
+    if _needs_grad(x, weight, bias):
+        return _FwdOp.apply(x, weight, bias, eps)
+    with _below_autograd():
+        return _FWD(x, weight, bias, eps)
+
+
+def _bwd_autograd(dy, x, weight, mean, rstd):
+    if _needs_grad(dy, x, weight):
+        return _BwdOp.apply(dy, x, weight, mean, rstd)
+    with _below_autograd():
+        return _BWD(dy, x, weight, mean, rstd)
+
+
+_lib.impl("layer_norm_fwd", _fwd_autograd, "Autograd")
+_lib.impl("layer_norm_bwd", _bwd_autograd, "Autograd")
 
 
 class _Eager(torch.autograd.Function):
@@ -266,6 +328,9 @@ class _Eager(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         x, weight, stats = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph=True: through the op, whose own backward
+            m = stats.numel() // 2  # is refused (the kernels' results carry no graph)
+            return _grads(ctx, *_BWD(dy, x, weight, stats[:m], stats[m:]))
         n = x.shape[-1]
         wdt = x.dtype if weight is None else weight.dtype
         dx = torch.empty_like(x, memory_format=torch.contiguous_format)
@@ -353,11 +418,8 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps: float = 1e-
         w = None if weight is None else weight.reshape(n)
         b = None if bias is None else bias.reshape(n)
     if _eager():
-        grad = torch.is_grad_enabled() and (
-            x.requires_grad or (w is not None and w.requires_grad)
-            or (b is not None and b.requires_grad)
-        )  # fmt: skip
-        y = _eager_apply(x, w, b, float(eps)) if grad else _inference(x, w, b, float(eps))
+        eps = float(eps)
+        y = _eager_apply(x, w, b, eps) if _needs_grad(x, w, b) else _inference(x, w, b, eps)
     else:
         y = torch.ops.cupyln.layer_norm_fwd(x, w, b, float(eps))[0]
     return y if k == 1 else y.reshape(input.shape)

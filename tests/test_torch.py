@@ -53,6 +53,33 @@ def test_fake_shapes_and_dtypes(xdt, wdt):
     assert db.dtype == (xdt if w is None else wdt)
 
 
+def test_ops_autograd_traced_without_a_gpu():
+    """The ops' autograd on meta tensors: gradients of the inputs' shapes, db in the bias's
+    dtype, a graph of the two ops, and a second backward through layer_norm_bwd refused."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    x = torch.empty(3, 5, 40, device="meta", requires_grad=True)
+    w = torch.empty(40, device="meta", requires_grad=True)
+    b = torch.empty(40, device="meta", dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.empty(3, 5, 40, device="meta")
+
+    def grads(x, w, b, dy):
+        y, mean, rstd = torch.ops.cupyln.layer_norm_fwd(x, w, b, 1e-5)
+        assert y.requires_grad and not mean.requires_grad and not rstd.requires_grad
+        return torch.autograd.grad(y, (x, w, b), dy)
+
+    gx, gw, gb = grads(x, w, b, dy)
+    assert (gx.shape, gx.dtype, gw.shape, gw.dtype) == (x.shape, x.dtype, (40,), torch.float32)
+    assert (gb.shape, gb.dtype) == ((40,), torch.bfloat16)
+    ops = [n.target for n in make_fx(grads)(x, w, b, dy).graph.nodes if n.op == "call_function"]
+    assert torch.ops.cupyln.layer_norm_fwd.default in ops
+    assert torch.ops.cupyln.layer_norm_bwd.default in ops
+    y = torch.ops.cupyln.layer_norm_fwd(x, w, b, 1e-5)[0]
+    (gx,) = torch.autograd.grad(y, x, dy, create_graph=True)
+    with pytest.raises(RuntimeError, match="backward is not differentiable"):
+        gx.sum().backward()
+
+
 def test_cpu_tensors_are_refused():
     with pytest.raises(ValueError, match="input must be a CUDA tensor; got a tensor on cpu"):
         clt.layer_norm(torch.ones(2, 8), (8,))

@@ -153,6 +153,17 @@ def test_runs_on_torchs_current_stream_after_a_producer():
     close(y, want.double(), "y")
 
 
+def test_double_backward_is_refused():
+    """A gradient of the gradient raises instead of leaving cupyln's part out of it."""
+    x, w, b, dy = make((6, 128), torch.float32, torch.float32, (128,), seed=9)
+    x.requires_grad_()
+    y = clt.layer_norm(x, (128,), w, b)
+    (gx,) = torch.autograd.grad(y, x, dy, create_graph=True)
+    close(gx.detach(), reference(x, w, b, dy, (128,))[1], "dx")
+    with pytest.raises(RuntimeError, match="backward is not differentiable"):
+        (gx * gx).sum().backward()
+
+
 def test_opcheck():
     x, w, b, dy = make((5, 64), torch.float32, torch.float32, (64,), seed=4)
     for t in (x, w, b):
