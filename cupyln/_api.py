@@ -692,14 +692,15 @@ def backward(dy, x, w, mean, rstd, *, bias_dtype=None, out=None):
 def _backward_launch_call(call, dy, x, w, mean, rstd):
     """Allocate dx, dw, db in one block and the workspace in another; launch."""
     o1, o2, size = call.offsets
-    mem = _allocate(size)
+    cuda = _modules[1]
+    mem = cuda.alloc(size)
     dx_ptr = mem.ptr
     dw_ptr = dx_ptr + o1 if w is not None else 0
     launch_backward(call.dev, call.m, call.n, dy.data.ptr, call.dy_stride, x.data.ptr,
                     call.x_stride, call.dtype, _ptr(w), call.w_dtype, mean.data.ptr,
                     rstd.data.ptr, dx_ptr, dw_ptr, dx_ptr + o2, call.b_dtype,
                     pool_workspace)  # fmt: skip
-    nd, (dx_dtype, dw_dtype, db_dtype) = _modules[1].ndarray, call.dtype_args
+    nd, (dx_dtype, dw_dtype, db_dtype) = cuda.ndarray, call.dtype_args
     n = (call.n,)
     return (
         nd(call.shape, dx_dtype, mem),
