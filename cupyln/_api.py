@@ -102,9 +102,14 @@ def _check_eps(eps) -> float:
 
 def _check_x(x, name: str = "x") -> int:
     _check_array(x, name)
-    if x.ndim == 0:
+    return _check_width(x.shape, name)
+
+
+def _check_width(shape, name: str) -> int:
+    """N of an input of this shape (the bridges' check too): rows of 1 to _MAX_N elements."""
+    if len(shape) == 0:
         raise ValueError(f"{name} must have at least one dimension (..., N); got a 0-d array")
-    n = x.shape[-1]
+    n = shape[-1]
     if not 1 <= n <= _MAX_N:
         raise ValueError(f"{name}.shape[-1] (N) must be in [1, {_MAX_N}]; got {n}")
     return n

@@ -199,21 +199,14 @@ def layer_norm(x, weight=None, bias=None, eps: float = 1e-5):
         backward: dw/db in the weight's/bias's dtype, deterministic.
     """
     x = _check(x, "x")
-    if x.ndim == 0:
-        raise ValueError("x must have at least one dimension (..., N); got a 0-d array")
-    n = x.shape[-1]
-    if not 1 <= n <= _api._MAX_N:
-        raise ValueError(f"x.shape[-1] (N) must be in [1, {_api._MAX_N}]; got {n}")
+    n = _api._check_width(x.shape, "x")
     weight = _check(weight, "weight", n)
     bias = _check(bias, "bias", n)
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
-        raise TypeError(f"eps must be a real number; got {type(eps).__name__}")
-    if not (math.isfinite(eps) and eps >= 0):
-        raise ValueError(f"eps must be finite and >= 0; got {eps}")
+    eps = _api._check_eps(eps)
     for a, name in ((x, "x"), (weight, "weight"), (bias, "bias")):
         _check_device(a, name)
     m = math.prod(x.shape[:-1])
     if m == 0:
         return jnp.zeros_like(x)
-    y = _layer_norm(x.reshape(m, n), weight, bias, float(eps))
+    y = _layer_norm(x.reshape(m, n), weight, bias, eps)
     return y.reshape(x.shape)

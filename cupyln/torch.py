@@ -4,6 +4,8 @@
     y = cupyln.torch.layer_norm(x, (N,), weight, bias, eps)  # as torch.nn.functional.layer_norm
     ln = cupyln.torch.LayerNorm(N)                            # as torch.nn.LayerNorm
     cupyln.torch.replace_layer_norms(model)                   # every nn.LayerNorm of a model
+    y, mean, rstd = cupyln.torch.forward(x, weight, bias)     # no autograd: the statistics
+    dx, dw, db = cupyln.torch.backward(dy, x, weight, mean, rstd)  # for your own backward
 
 Forward and backward are ``torch.library`` custom ops (``torch.ops.cupyln.layer_norm_fwd`` and
 ``torch.ops.cupyln.layer_norm_bwd``) with fake implementations and autograd, so
@@ -24,7 +26,8 @@ import torch
 from . import _api
 from ._dtypes import BFLOAT16, FLOAT16, FLOAT32, FLOAT64
 
-__all__ = ["layer_norm", "LayerNorm", "replace_layer_norms", "jagged_layer_norm"]
+__all__ = ["layer_norm", "LayerNorm", "replace_layer_norms", "forward", "backward",
+           "jagged_layer_norm"]  # fmt: skip
 
 #: torch dtype -> the NumPy dtype the launch heuristic and the C-type table know
 _NP = {
@@ -74,6 +77,14 @@ def _rows(t: torch.Tensor):
     return t, stride
 
 
+def _check_vector(t, name: str, x) -> None:
+    """t is None or a CUDA tensor of shape (N,) on x's device (N: x's last dimension)."""
+    if t is not None:
+        _check(t, name, x)
+        if t.shape != x.shape[-1:]:
+            raise ValueError(f"{name} must have shape ({x.shape[-1]},); got {tuple(t.shape)}")
+
+
 def _vector(t):
     """w/b as a contiguous tensor whose start is 64-byte aligned (the kernels' pack loads)."""
     if t is None or (t.is_contiguous() and t.data_ptr() % 64 == 0):
@@ -92,12 +103,10 @@ def _fwd_impl(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(y, mean, rstd) of LayerNorm over the last dimension of x (see cupyln.forward)."""
     _check(x, "input")
-    n = x.shape[-1]
-    for t, name in ((weight, "weight"), (bias, "bias")):
-        if t is not None:
-            _check(t, name, x)
-            if t.shape != (n,):
-                raise ValueError(f"{name} must have shape ({n},); got {tuple(t.shape)}")
+    _api._check_width(x.shape, "input")
+    _check_vector(weight, "weight", x)
+    _check_vector(bias, "bias", x)
+    eps = _api._check_eps(eps)
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     mean = torch.empty(x.shape[:-1], dtype=_acc(x.dtype), device=x.device)
     rstd = torch.empty(x.shape[:-1], dtype=_acc(x.dtype), device=x.device)
@@ -150,18 +159,27 @@ def _bwd_impl(
     """(dx, dw, db) at the saved statistics (see cupyln.backward). dw has no elements when
     there is no weight; db has the weight's dtype (x's without a weight)."""
     _check(x, "input")
+    _api._check_width(x.shape, "input")
     _check(dy, "grad_output", x)
     if dy.shape != x.shape or dy.dtype != x.dtype:
         raise ValueError(
             f"grad_output must match the input ({x.dtype} {tuple(x.shape)}); "
             f"got {dy.dtype} {tuple(dy.shape)}"
         )
+    _check_vector(weight, "weight", x)
+    for t, name in ((mean, "mean"), (rstd, "rstd")):
+        _check(t, name, x)
+        if t.shape != x.shape[:-1]:
+            raise ValueError(
+                f"{name} must have the shape of the input's rows {tuple(x.shape[:-1])}; "
+                f"got {tuple(t.shape)}"
+            )
     n = x.shape[-1]
     wdt = x.dtype if weight is None else weight.dtype
     dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     dw = torch.empty(0 if weight is None else n, dtype=wdt, device=x.device)
     db = torch.empty(n, dtype=wdt, device=x.device)
-    m = dx.numel() // n if n else 0
+    m = dx.numel() // n
     if m == 0:
         dw.zero_()
         db.zero_()
@@ -404,8 +422,7 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps: float = 1e-
             _check(t, name, input)
             if t.shape != shape:
                 raise ValueError(f"{name} must have shape {list(shape)}; got {list(t.shape)}")
-    if not (isinstance(eps, (int, float)) and math.isfinite(eps) and eps >= 0):
-        raise ValueError(f"eps must be a finite number >= 0; got {eps!r}")
+    eps = _api._check_eps(eps)
     if torch.is_autocast_enabled("cuda"):  # as F.layer_norm: float32 in, float32 out
         input = input.float()
         weight = None if weight is None else weight.float()
@@ -417,12 +434,38 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps: float = 1e-
         x = input.reshape(*input.shape[: input.dim() - k], n)
         w = None if weight is None else weight.reshape(n)
         b = None if bias is None else bias.reshape(n)
+    if x.shape[-1] > _api._MAX_N:
+        _api._check_width(x.shape, "input")  # rows past the kernels' int32 columns
     if _eager():
-        eps = float(eps)
         y = _eager_apply(x, w, b, eps) if _needs_grad(x, w, b) else _inference(x, w, b, eps)
     else:
-        y = torch.ops.cupyln.layer_norm_fwd(x, w, b, float(eps))[0]
+        y = _FWD(x, w, b, eps)[0]
     return y if k == 1 else y.reshape(input.shape)
+
+
+def forward(x, weight=None, bias=None, eps: float = 1e-5):
+    """``cupyln.forward`` on torch CUDA tensors: ``(y, mean, rstd)`` of LayerNorm over the last
+    dimension of x, launched on torch's current stream. No autograd: for code that keeps the
+    statistics for its own backward (an ``autograd.Function`` of its own); ``layer_norm``
+    records gradients. y is like x (contiguous); mean and rstd have shape ``x.shape[:-1]``,
+    float32 (float64 for float64 x), rstd = 1 / sqrt(var + eps). Under torch.compile the call
+    is the op ``torch.ops.cupyln.layer_norm_fwd`` on detached inputs."""
+    if _eager():
+        return _fwd_impl(x, weight, bias, eps)
+    weight = None if weight is None else weight.detach()
+    bias = None if bias is None else bias.detach()
+    return _FWD(x.detach(), weight, bias, _api._check_eps(eps))
+
+
+def backward(dy, x, weight, mean, rstd):
+    """``cupyln.backward`` on torch CUDA tensors: ``(dx, dw, db)`` at the statistics that
+    ``forward`` returned, without autograd. dx is like x; dw (empty without a weight) and db
+    have the weight's dtype (x's without one), summed in a fixed order (deterministic). Under
+    torch.compile the call is the op ``torch.ops.cupyln.layer_norm_bwd`` on detached inputs."""
+    if _eager():
+        return _bwd_impl(dy, x, weight, mean, rstd)
+    weight = None if weight is None else weight.detach()
+    return _BWD(dy.detach(), x.detach(), weight, mean.detach(), rstd.detach())
 
 
 class LayerNorm(torch.nn.LayerNorm):

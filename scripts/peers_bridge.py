@@ -1,14 +1,15 @@
-"""Run the shared peer benchmark (peers.py) with one more provider: cupyln through its torch
+"""Run the shared peer benchmark (peers.py) with two more providers: cupyln through its torch
 bridge, as a torch user calls it.
 
     python scripts/peers_bridge.py path/to/peers.py tutorial      # or large | odd | all
 
 peers.py reaches cupyln through the core API on DLPack views it makes on every call (three
 ``cupy.from_dlpack`` and three ``torch.from_dlpack``), tens of microseconds of CPU that its
-shortest shapes cannot hide. This loads the script unchanged, adds the provider
-``cupyln.torch`` (``torch.ops.cupyln.layer_norm_fwd`` / ``layer_norm_bwd``, the ops behind
-``cupyln.torch.layer_norm``: the same kernels on the same torch tensors, launched on torch's
-stream) and runs the script's own ``main``, so every provider is timed and checked the same
+shortest shapes cannot hide. This loads the script unchanged, adds the providers
+``cupyln.torch`` (``cupyln.torch.forward`` / ``backward``: the same kernels on the same torch
+tensors, launched on torch's stream) and ``cupyln.torch.ops`` (``torch.ops.cupyln.layer_norm_fwd``
+/ ``layer_norm_bwd``, the ops torch.compile puts in its graphs: the same work behind torch's
+dispatcher) and runs the script's own ``main``, so every provider is timed and checked the same
 way in one process. Run it from the project root, as peers.py asks.
 """
 
@@ -28,17 +29,24 @@ def main() -> None:
 
     import torch
 
-    import cupyln.torch  # noqa: F401  (registers torch.ops.cupyln)
+    import cupyln.torch as clt  # also registers torch.ops.cupyln
 
     ops = torch.ops.cupyln
 
     def forward(x, w, b, eps):
-        return ops.layer_norm_fwd(x, w, b, eps)
+        return clt.forward(x, w, b, eps)
 
     def backward(dy, x, w, b, mean, rstd, eps):
+        return clt.backward(dy, x, w, mean, rstd)
+
+    def op_forward(x, w, b, eps):
+        return ops.layer_norm_fwd(x, w, b, eps)
+
+    def op_backward(dy, x, w, b, mean, rstd, eps):
         return ops.layer_norm_bwd(dy, x, w, mean, rstd)
 
     peers.PROVIDERS["cupyln.torch"] = (forward, backward)
+    peers.PROVIDERS["cupyln.torch.ops"] = (op_forward, op_backward)
     sys.argv = [path, *sys.argv[2:]]
     peers.main()
 

@@ -82,6 +82,10 @@ def test_ops_autograd_traced_without_a_gpu():
 
 def test_cpu_tensors_are_refused():
     with pytest.raises(ValueError, match="input must be a CUDA tensor; got a tensor on cpu"):
+        clt.forward(torch.ones(2, 8))
+    with pytest.raises(ValueError, match="input must be a CUDA tensor; got a tensor on cpu"):
+        clt.backward(torch.ones(2, 8), torch.ones(2, 8), None, torch.ones(2), torch.ones(2))
+    with pytest.raises(ValueError, match="input must be a CUDA tensor; got a tensor on cpu"):
         clt.layer_norm(torch.ones(2, 8), (8,))
     with pytest.raises(TypeError, match="input must have dtype .*; got torch.int64"):
         clt.layer_norm(torch.ones(2, 8, dtype=torch.int64), (8,))

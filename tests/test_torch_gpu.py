@@ -88,6 +88,72 @@ def test_values_and_grads_match_torch(xdt, wdt, n):
         close(b.grad, dbr, "db", rows=math.sqrt(38))
 
 
+@pytest.mark.parametrize("n", [64, 1000, 8192])
+@pytest.mark.parametrize("xdt,wdt", PAIRS)
+def test_functional_forward_and_backward(xdt, wdt, n):
+    """forward / backward on torch tensors: y, mean, rstd and dx, dw, db against float64, no
+    autograd recorded, and the same results as layer_norm's."""
+    shape = (3, 7, n)
+    x, w, b, dy = make(shape, xdt, wdt, (n,), seed=n + 1)
+    x.requires_grad_()
+    y, mean, rstd = clt.forward(x, w, b, 1e-5)
+    assert not (y.requires_grad or mean.requires_grad or rstd.requires_grad)
+    acc = torch.float64 if xdt == torch.float64 else torch.float32
+    assert (mean.shape, mean.dtype, rstd.shape, rstd.dtype) == (shape[:-1], acc, shape[:-1], acc)
+    xd = x.detach().double()
+    close(mean, xd.mean(-1), "mean")
+    close(rstd, 1 / torch.sqrt(xd.var(-1, unbiased=False) + 1e-5), "rstd")
+    yr, dxr, dwr, dbr = reference(x, w, b, dy, (n,))
+    close(y, yr, "y")
+    dx, dw, db = clt.backward(dy, x, w, mean, rstd)
+    assert not (dx.requires_grad or dw.requires_grad or db.requires_grad)
+    close(dx, dxr, "dx")
+    if w is None:
+        assert dw.numel() == 0 and db.dtype == xdt
+    else:
+        close(dw, dwr, "dw", rows=math.sqrt(21))
+        close(db, dbr, "db", rows=math.sqrt(21))
+    y2 = clt.layer_norm(x, (n,), w, b)
+    y2.backward(dy)
+    assert torch.equal(y, y2) and torch.equal(dx, x.grad)
+
+
+def test_functional_under_compile():
+    """Compiled, forward and backward are the ops, on detached inputs: the eager results."""
+    x, w, b, dy = make((5, 1000), torch.bfloat16, torch.float32, (1000,), seed=12)
+    x.requires_grad_()
+
+    @torch.compile(fullgraph=True)
+    def both(x, w, b, dy):
+        y, mean, rstd = clt.forward(x, w, b)
+        return (y, *clt.backward(dy, x, w, mean, rstd))
+
+    got = both(x, w, b, dy)
+    y, mean, rstd = clt.forward(x, w, b)
+    want = (y, *clt.backward(dy, x, w, mean, rstd))
+    for g, e, name in zip(got, want, ("y", "dx", "dw", "db")):
+        assert not g.requires_grad and torch.equal(g, e), name
+
+
+def test_functional_bad_input_is_refused():
+    x, w, b, dy = make((4, 8), torch.float32, torch.float32, (8,), seed=11)
+    y, mean, rstd = clt.forward(x, w, b)
+    with pytest.raises(ValueError, match="input must have at least one dimension"):
+        clt.forward(x[0, 0], None, None)
+    with pytest.raises(ValueError, match=r"weight must have shape \(8,\); got \(7,\)"):
+        clt.forward(x, w[:7], b)
+    with pytest.raises(ValueError, match="eps must be finite and >= 0; got -1.0"):
+        clt.forward(x, w, b, -1.0)
+    with pytest.raises(TypeError, match="eps must be a real number; got str"):
+        clt.forward(x, w, b, "1e-5")
+    with pytest.raises(ValueError, match=r"mean must have the shape of the input's rows \(4,\)"):
+        clt.backward(dy, x, w, mean[:3], rstd)
+    with pytest.raises(ValueError, match="rstd must be a CUDA tensor; got a tensor on cpu"):
+        clt.backward(dy, x, w, mean, rstd.cpu())
+    with pytest.raises(ValueError, match="grad_output must match the input"):
+        clt.backward(dy[:3], x, w, mean, rstd)
+
+
 @pytest.mark.parametrize("xdt", [torch.bfloat16, torch.float32])
 def test_inputs_at_any_alignment_after_aligned_ones(xdt):
     """Launches are remembered by problem and pointer alignment: the same shape and strides at
@@ -238,7 +304,7 @@ def test_bad_input_is_refused():
         clt.layer_norm(x, (8,), torch.ones(7, device="cuda"))
     with pytest.raises(ValueError, match="weight must be a CUDA tensor; got a tensor on cpu"):
         clt.layer_norm(x, (8,), torch.ones(8))
-    with pytest.raises(ValueError, match="eps must be a finite number >= 0"):
+    with pytest.raises(ValueError, match="eps must be finite and >= 0"):
         clt.layer_norm(x, (8,), eps=-1.0)
 
 
