@@ -422,20 +422,22 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps: float = 1e-
             _check(t, name, input)
             if t.shape != shape:
                 raise ValueError(f"{name} must have shape {list(shape)}; got {list(t.shape)}")
-    eps = _api._check_eps(eps)
+    if type(eps) is not float or not 0.0 <= eps < math.inf:  # a float in range passes as is
+        eps = _api._check_eps(eps)
     if torch.is_autocast_enabled("cuda"):  # as F.layer_norm: float32 in, float32 out
         input = input.float()
         weight = None if weight is None else weight.float()
         bias = None if bias is None else bias.float()
     if k == 1:  # the kernels take any leading shape: no reshapes
         x, w, b = input, weight, bias
+        n = shape[0]
     else:
         n = math.prod(shape)
         x = input.reshape(*input.shape[: input.dim() - k], n)
         w = None if weight is None else weight.reshape(n)
         b = None if bias is None else bias.reshape(n)
-    if x.shape[-1] > _api._MAX_N:
-        _api._check_width(x.shape, "input")  # rows past the kernels' int32 columns
+    if n > _api._MAX_N:  # the kernels' columns are int32
+        raise ValueError(f"normalized_shape must hold at most {_api._MAX_N} elements; got {n}")
     if _eager():
         y = _eager_apply(x, w, b, eps) if _needs_grad(x, w, b) else _inference(x, w, b, eps)
     else:

@@ -306,6 +306,12 @@ def test_bad_input_is_refused():
         clt.layer_norm(x, (8,), torch.ones(8))
     with pytest.raises(ValueError, match="eps must be finite and >= 0"):
         clt.layer_norm(x, (8,), eps=-1.0)
+    with pytest.raises(TypeError, match="eps must be a real number; got str"):
+        clt.layer_norm(x, (8,), eps="1e-5")
+    assert torch.equal(clt.layer_norm(x, (8,), eps=1), clt.layer_norm(x, (8,), eps=1.0))
+    wide = torch.zeros(1, device="cuda").expand(2, 2**31)  # no memory behind the rows
+    with pytest.raises(ValueError, match="normalized_shape must hold at most 2147418112"):
+        clt.layer_norm(wide, (2**31,))
 
 
 @pytest.mark.skipif(TORCH_GPUS < 2 or GPU_COUNT < 2, reason="needs two GPUs")
