@@ -348,7 +348,8 @@ class _Eager(torch.autograd.Function):
         x, weight, stats = ctx.saved_tensors
         if torch.is_grad_enabled():  # create_graph=True: through the op, whose own backward
             m = stats.numel() // 2  # is refused (the kernels' results carry no graph)
-            return _grads(ctx, *_BWD(dy, x, weight, stats[:m], stats[m:]))
+            mean, rstd = stats[:m].view(x.shape[:-1]), stats[m:].view(x.shape[:-1])
+            return _grads(ctx, *_BWD(dy, x, weight, mean, rstd))
         n = x.shape[-1]
         wdt = x.dtype if weight is None else weight.dtype
         dx = torch.empty_like(x, memory_format=torch.contiguous_format)

@@ -221,11 +221,14 @@ def test_runs_on_torchs_current_stream_after_a_producer():
 
 def test_double_backward_is_refused():
     """A gradient of the gradient raises instead of leaving cupyln's part out of it."""
-    x, w, b, dy = make((6, 128), torch.float32, torch.float32, (128,), seed=9)
+    x, w, b, dy = make((2, 3, 128), torch.float32, torch.float32, (128,), seed=9)
     x.requires_grad_()
+    w.requires_grad_()
     y = clt.layer_norm(x, (128,), w, b)
-    (gx,) = torch.autograd.grad(y, x, dy, create_graph=True)
-    close(gx.detach(), reference(x, w, b, dy, (128,))[1], "dx")
+    gx, gw = torch.autograd.grad(y, (x, w), dy, create_graph=True)
+    _, dxr, dwr, _ = reference(x, w, b, dy, (128,))
+    close(gx.detach(), dxr, "dx")
+    close(gw.detach(), dwr, "dw", rows=math.sqrt(6))
     with pytest.raises(RuntimeError, match="backward is not differentiable"):
         (gx * gx).sum().backward()
 
