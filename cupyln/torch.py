@@ -77,6 +77,12 @@ def _rows(t: torch.Tensor):
     return t, stride
 
 
+def _check_input(x) -> None:
+    """x is a CUDA tensor of a supported dtype whose rows the kernels' int32 columns index."""
+    _check(x, "input")
+    _api._check_width(x.shape, "input")
+
+
 def _check_vector(t, name: str, x) -> None:
     """t is None or a CUDA tensor of shape (N,) on x's device (N: x's last dimension)."""
     if t is not None:
@@ -97,19 +103,28 @@ def _ptr(t) -> int:
     return 0 if t is None else t.data_ptr()
 
 
+def _row_stats(x, dtype: torch.dtype) -> torch.Tensor:
+    """An empty tensor of x's rows' shape (``x.shape[:-1]``) and ``dtype`` on x's device. The
+    sizes go to torch.empty as separate ints, which it parses in about half the host time of a
+    torch.Size (BENCHMARKS.md, the torch functions' host time)."""
+    lead = x.shape[:-1]
+    if not lead:
+        return x.new_empty((), dtype=dtype)
+    return torch.empty(*lead, dtype=dtype, device=x.device)
+
+
 # ------------------------------------------------------------------ custom ops
 def _fwd_impl(
     x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor], eps: float
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(y, mean, rstd) of LayerNorm over the last dimension of x (see cupyln.forward)."""
-    _check(x, "input")
-    _api._check_width(x.shape, "input")
+    _check_input(x)
     _check_vector(weight, "weight", x)
     _check_vector(bias, "bias", x)
     eps = _api._check_eps(eps)
-    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    mean = torch.empty(x.shape[:-1], dtype=_acc(x.dtype), device=x.device)
-    rstd = torch.empty(x.shape[:-1], dtype=_acc(x.dtype), device=x.device)
+    y = torch.empty_like(x, memory_format=torch.contiguous_format)
+    acc = _acc(x.dtype)
+    mean, rstd = _row_stats(x, acc), _row_stats(x, acc)
     if y.numel():
         _forward_into(x, weight, bias, eps, y, mean.data_ptr(), rstd.data_ptr())
     return y, mean, rstd
@@ -158,8 +173,7 @@ def _bwd_impl(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dx, dw, db) at the saved statistics (see cupyln.backward). dw has no elements when
     there is no weight; db has the weight's dtype (x's without a weight)."""
-    _check(x, "input")
-    _api._check_width(x.shape, "input")
+    _check_input(x)
     _check(dy, "grad_output", x)
     if dy.shape != x.shape or dy.dtype != x.dtype:
         raise ValueError(
@@ -176,7 +190,7 @@ def _bwd_impl(
             )
     n = x.shape[-1]
     wdt = x.dtype if weight is None else weight.dtype
-    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    dx = torch.empty_like(x, memory_format=torch.contiguous_format)
     dw = torch.empty(0 if weight is None else n, dtype=wdt, device=x.device)
     db = torch.empty(n, dtype=wdt, device=x.device)
     m = dx.numel() // n

@@ -118,6 +118,34 @@ def test_functional_forward_and_backward(xdt, wdt, n):
     assert torch.equal(y, y2) and torch.equal(dx, x.grad)
 
 
+@pytest.mark.parametrize("layout", ["one row", "no rows", "strided rows", "transposed"])
+def test_functional_layouts(layout):
+    """forward / backward at any leading shape and layout: y and dx contiguous in x's shape,
+    mean and rstd in its rows' shape (0-d for one row), every value against float64."""
+    n = 96
+    big, w, b, dy = make((6, 2 * n), torch.bfloat16, torch.float32, (n,), seed=21)
+    x = {
+        "one row": big[2, :n],
+        "no rows": big[:0, :n],
+        "strided rows": big[:, n:],  # rows 2n apart, read in place
+        "transposed": big[:, :n].t().contiguous().t(),  # columns 6 apart: copied
+    }[layout]
+    dy = dy[: x.shape[0], :n] if x.dim() == 2 else dy[0, :n]
+    y, mean, rstd = clt.forward(x, w, b)
+    assert y.shape == x.shape and y.is_contiguous() and y.dtype == x.dtype
+    assert mean.shape == rstd.shape == x.shape[:-1] and mean.dtype == torch.float32
+    yr, dxr, dwr, dbr = reference(x, w, b, dy, (n,))
+    close(y, yr, "y")
+    xd = x.double()
+    close(mean, xd.mean(-1), "mean")
+    close(rstd, 1 / torch.sqrt(xd.var(-1, unbiased=False) + 1e-5), "rstd")
+    dx, dw, db = clt.backward(dy, x, w, mean, rstd)
+    assert dx.shape == x.shape and dx.is_contiguous()
+    close(dx, dxr, "dx")
+    close(dw, dwr, "dw", rows=math.sqrt(6))
+    close(db, dbr, "db", rows=math.sqrt(6))
+
+
 def test_functional_under_compile():
     """Compiled, forward and backward are the ops, on detached inputs: the eager results."""
     x, w, b, dy = make((5, 1000), torch.bfloat16, torch.float32, (1000,), seed=12)
