@@ -92,6 +92,8 @@ def _check_vector(a, name: str, n: int, device_id: int) -> None:
 
 
 def _check_eps(eps) -> float:
+    if type(eps) is float and 0.0 <= eps < math.inf:  # the usual case, one test
+        return eps
     if isinstance(eps, bool) or not isinstance(eps, (int, float, numpy.integer, numpy.floating)):
         raise TypeError(f"eps must be a real number; got {type(eps).__name__}")
     eps = float(eps)
@@ -569,12 +571,13 @@ def forward(x, w=None, b=None, eps=1e-5, *, out=None):
         (float64 for float64 x), rstd = 1 / sqrt(var + eps). Without ``out``, the three share
         one allocation.
     """
-    if out is None and type(eps) is float and 0.0 <= eps < math.inf:
+    if out is None:
         try:
             call = _forward_calls.get(_forward_key(x, w, b))
         except AttributeError:  # not arrays: the checks below say what came
             call = None
         if call is not None:
+            eps = _check_eps(eps)
             cuda = _modules[1]
             x_ptr = x.data.ptr
             w_ptr = 0 if w is None else w.data.ptr

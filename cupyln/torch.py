@@ -438,8 +438,7 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps: float = 1e-
             _check(t, name, input)
             if t.shape != shape:
                 raise ValueError(f"{name} must have shape {list(shape)}; got {list(t.shape)}")
-    if type(eps) is not float or not 0.0 <= eps < math.inf:  # a float in range passes as is
-        eps = _api._check_eps(eps)
+    eps = _api._check_eps(eps)
     if torch.is_autocast_enabled("cuda"):  # as F.layer_norm: float32 in, float32 out
         input = input.float()
         weight = None if weight is None else weight.float()

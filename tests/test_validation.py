@@ -60,6 +60,22 @@ class TestOnGpu:
         self.fwd_raises(ValueError, "eps must be finite and >= 0; got inf", x, w, None, np.inf)
         self.fwd_raises(TypeError, "eps must be a real number; got str", x, w, None, "1e-5")
 
+    def test_forward_eps_on_the_cached_path(self):
+        # a shape seen before launches through the forward's cache, which checks eps too
+        x, w = self.x, self.w
+        y1 = cupyln.forward(x, w, None, 1.0)[0]
+        for eps, exc, match in (
+            (-1.0, ValueError, "eps must be finite and >= 0; got -1.0"),
+            (np.nan, ValueError, "eps must be finite and >= 0; got nan"),
+            (np.inf, ValueError, "eps must be finite and >= 0; got inf"),
+            ("1e-5", TypeError, "eps must be a real number; got str"),
+            (True, TypeError, "eps must be a real number; got bool"),
+        ):
+            with pytest.raises(exc, match=match):
+                cupyln.forward(x, w, None, eps)
+        for eps in (1, np.float32(1.0), np.float64(1.0)):
+            assert bool((cupyln.forward(x, w, None, eps)[0] == y1).all()), eps
+
     def test_forward_out(self):
         with pytest.raises(ValueError, match=r"y must be a float32 array of shape \(6, 32\)"):
             cupyln.forward(self.x, out=(cupy.empty((6, 31), "f4"), None, None))
