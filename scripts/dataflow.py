@@ -7,7 +7,10 @@ any is used), forms DEP block-wide XOR reductions of them (one barrier each; 2 s
 mean and the variance), exchanges the blocks' values through distributed shared memory where C
 > 1 blocks share a row (one cluster barrier a row), then stores y = x ^ (v == magic), which
 depends on every load of the row. DEP 0 keeps the tiling with no reduction: a copy. Nothing is
-widened, and no w or b is read. Bytes are those of bf16 rows of N; M * N = 2**27, and 4x the
+widened, and no w or b is read. A block (cluster) takes one row, or walks rows on a persistent
+grid: r, r + blocks, ... ("stride", as the package's clusters do), or each next row from an
+atomic ticket that rank 0 takes before its reductions ("tickets"), so that the rows in flight
+stay a window of consecutive rows. Bytes are those of bf16 rows of N; M * N = 2**27, and 4x the
 rows for the variants timed at both (steady state and what a launch costs beyond its rows).
 Each is timed as cupyln.bench times the forward (CUDA events, L2 flushed before every call,
 least of 3 medians), beside cupyln.forward with and without w and b (sm_90: the clusters).
@@ -45,26 +48,33 @@ __device__ __forceinline__ unsigned block_xor(unsigned v, unsigned* red) {
   for (int w = 0; w < BLOCK / 32; ++w) s ^= red[w];
   return s;
 }
-template <int ITEMS, int BLOCK, int DEP, int C, bool PERSIST>
+// WALK 0: a block (cluster) a row; 1: a persistent grid walking rows r, r + blocks, ...;
+// 2: a persistent grid whose blocks take each next row from an atomic ticket (rank 0 takes it
+// before its reductions and the row's barriers hand it to the block, or the cluster)
+template <int ITEMS, int BLOCK, int DEP, int C, int WALK>
 __device__ __forceinline__ void dataflow_body(const uint4* __restrict__ x,
-    uint4* __restrict__ y, const long long rows) {
+    uint4* __restrict__ y, const long long rows, unsigned* __restrict__ ticket) {
+  static_assert(WALK != 2 || DEP > 0, "a ticket travels with a reduction's barrier");
   constexpr int PACKS = ITEMS * BLOCK;  // a block's packs of a row
   __shared__ unsigned red[4][BLOCK / 32];
   __shared__ unsigned xch[2];
+  __shared__ unsigned nxt[2];
   unsigned rank = 0, cid = blockIdx.x, ncl = gridDim.x;
   if constexpr (C > 1) {
     asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
     asm("mov.u32 %0, %%clusterid.x;" : "=r"(cid));
     asm("mov.u32 %0, %%nclusterid.x;" : "=r"(ncl));
   }
-  const long long step = PERSIST ? ncl : 0;
   int it = 0;
-  for (long long row = cid; row < rows; row += step, ++it) {
+  long long row = cid;
+  while (row < rows) {
     const uint4* xr = x + row * (PACKS * C) + rank * PACKS;
     uint4* yr = y + row * (PACKS * C) + rank * PACKS;
     uint4 v[ITEMS];
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) v[i] = xr[i * BLOCK + threadIdx.x];
+    if (WALK == 2 && rank == 0 && threadIdx.x == 0) nxt[it & 1] = ncl + atomicAdd(ticket, 1u);
+    long long next = WALK == 1 ? row + ncl : rows;
     unsigned flag = 0;
     if constexpr (DEP > 0) {
       unsigned s = 0;
@@ -84,6 +94,9 @@ __device__ __forceinline__ void dataflow_body(const uint4* __restrict__ x,
         asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
 #pragma unroll
         for (int r = 0; r < C; ++r) if (r != (int)rank) s ^= dsmem_load(&xch[it & 1], r);
+        if constexpr (WALK == 2) next = dsmem_load(&nxt[it & 1], 0);
+      } else if constexpr (WALK == 2) {
+        next = nxt[it & 1];
       }
       flag = s == 0x9e3779b9u;
     }
@@ -93,38 +106,45 @@ __device__ __forceinline__ void dataflow_body(const uint4* __restrict__ x,
       o.x ^= flag;
       yr[i * BLOCK + threadIdx.x] = o;
     }
-    if constexpr (!PERSIST) break;
+    row = next;
+    ++it;
   }
-  if constexpr (C > 1) {  // no block leaves while a partner may still read its xch
+  if constexpr (C > 1) {  // no block leaves while a partner may still read its xch or nxt
     asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
     asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
   }
 }
-template <int ITEMS, int BLOCK, int MINB, int DEP, int C, bool PERSIST>
+template <int ITEMS, int BLOCK, int MINB, int DEP, int C, int WALK>
 __global__ void __launch_bounds__(BLOCK, MINB) dataflow(const uint4* __restrict__ x,
-    uint4* __restrict__ y, const long long rows) {
-  dataflow_body<ITEMS, BLOCK, DEP, C, PERSIST>(x, y, rows);
+    uint4* __restrict__ y, const long long rows, unsigned* __restrict__ ticket) {
+  dataflow_body<ITEMS, BLOCK, DEP, C, WALK>(x, y, rows, ticket);
 }
-template <int ITEMS, int BLOCK, int MINB, int DEP, int C, bool PERSIST>
+template <int ITEMS, int BLOCK, int MINB, int DEP, int C, int WALK>
 __global__ void __cluster_dims__(C, 1, 1) __launch_bounds__(BLOCK, MINB) dataflow_cl(
-    const uint4* __restrict__ x, uint4* __restrict__ y, const long long rows) {
-  dataflow_body<ITEMS, BLOCK, DEP, C, PERSIST>(x, y, rows);
+    const uint4* __restrict__ x, uint4* __restrict__ y, const long long rows,
+    unsigned* __restrict__ ticket) {
+  dataflow_body<ITEMS, BLOCK, DEP, C, WALK>(x, y, rows, ticket);
 }
 """
-# label: (N, packs a thread, threads a block, blocks an SM, reductions, blocks a row, persistent)
+# label: (N, packs a thread, threads a block, blocks an SM, reductions, blocks a row, walk)
+# walk: "row" a block (cluster) a row; "stride" and "tickets" persistent grids (WALK 1, 2)
+WALKS = {"row": 0, "stride": 1, "tickets": 2}
 VARIANTS = {
-    "32768 copy tiling 512 x 8, a block a row": (32768, 8, 512, 2, 0, 1, False),
-    "32768 1 reduction": (32768, 8, 512, 2, 1, 1, False),
-    "32768 2 reductions": (32768, 8, 512, 2, 2, 1, False),
-    "32768 2 reductions, persistent grid": (32768, 8, 512, 2, 2, 1, True),
-    "32768 2 reductions, 1024 x 4, two blocks an SM": (32768, 4, 1024, 2, 2, 1, False),
-    "32768 2 reductions + exchange, clusters of 2 x 512 x 4": (32768, 4, 512, 4, 2, 2, True),
-    "65536 copy tiling 2 x 512 x 8, clusters, persistent": (65536, 8, 512, 2, 0, 2, True),
-    "65536 2 reductions + exchange, clusters of 2 x 512 x 8": (65536, 8, 512, 2, 2, 2, True),
-    "65536 1 reduction + exchange, the same": (65536, 8, 512, 2, 1, 2, True),
-    "65536 2 reductions + exchange, clusters of 4 x 512 x 4": (65536, 4, 512, 4, 2, 4, True),
-    "65536 2 reductions, one block of 1024 x 8 a row": (65536, 8, 1024, 1, 2, 1, False),
-    "65536 copy tiling 1024 x 8": (65536, 8, 1024, 1, 0, 1, False),
+    "32768 copy tiling 512 x 8, a block a row": (32768, 8, 512, 2, 0, 1, "row"),
+    "32768 1 reduction": (32768, 8, 512, 2, 1, 1, "row"),
+    "32768 2 reductions": (32768, 8, 512, 2, 2, 1, "row"),
+    "32768 2 reductions, persistent grid": (32768, 8, 512, 2, 2, 1, "stride"),
+    "32768 2 reductions, persistent grid, rows by ticket": (32768, 8, 512, 2, 2, 1, "tickets"),
+    "32768 2 reductions, 1024 x 4, two blocks an SM": (32768, 4, 1024, 2, 2, 1, "row"),
+    "32768 2 reductions + exchange, clusters of 2 x 512 x 4": (32768, 4, 512, 4, 2, 2, "stride"),
+    "65536 copy tiling 2 x 512 x 8, clusters, persistent": (65536, 8, 512, 2, 0, 2, "stride"),
+    "65536 2 reductions + exchange, clusters of 2 x 512 x 8": (65536, 8, 512, 2, 2, 2, "stride"),
+    "65536 2 reductions + exchange, 2 x 512 x 8, by ticket": (65536, 8, 512, 2, 2, 2, "tickets"),
+    "65536 2 reductions + exchange, a cluster a row": (65536, 8, 512, 2, 2, 2, "row"),
+    "65536 1 reduction + exchange, the same": (65536, 8, 512, 2, 1, 2, "stride"),
+    "65536 2 reductions + exchange, clusters of 4 x 512 x 4": (65536, 4, 512, 4, 2, 4, "stride"),
+    "65536 2 reductions, one block of 1024 x 8 a row": (65536, 8, 1024, 1, 2, 1, "row"),
+    "65536 copy tiling 1024 x 8": (65536, 8, 1024, 1, 0, 1, "row"),
 }
 SCALED = (  # also timed at 4x the rows
     "32768 copy tiling 512 x 8, a block a row",
@@ -134,9 +154,9 @@ SCALED = (  # also timed at 4x the rows
 ELEMENTS = 2**27
 
 
-def expression(items, block, minb, dep, c, persist):
+def expression(items, block, minb, dep, c, walk):
     fn = "dataflow_cl" if c > 1 else "dataflow"
-    return f"{fn}<{items}, {block}, {minb}, {dep}, {c}, {'true' if persist else 'false'}>"
+    return f"{fn}<{items}, {block}, {minb}, {dep}, {c}, {WALKS[walk]}>"
 
 
 def main():
@@ -145,7 +165,9 @@ def main():
     mod = cp.RawModule(code=SRC, options=("-std=c++17",), name_expressions=names)
     copy = bench.copy_bandwidth()
     print(f"copy {copy:.0f} GB/s", flush=True)
-    for (label, (n, _, block, minb, dep, c, persist)), name in zip(VARIANTS.items(), names):
+    tickets = cp.zeros(1 << 14, cp.uint32)  # a zeroed counter for each launch
+    used = [0]
+    for (label, (n, _, block, minb, dep, c, walk)), name in zip(VARIANTS.items(), names):
         k = mod.get_function(name)
         times = {}
         for scale in (1, 4) if label in SCALED else (1,):
@@ -156,13 +178,17 @@ def main():
                 for _ in range(2)
             ]
             y = cp.full(nbytes // 4, 0xFFFFFFFF, cp.uint32)
-            grid = sms * minb if persist else rows * c
+            grid = rows * c if walk == "row" else sms * minb
             grid -= grid % c
             turn = [0]
 
             def call(k=k, xs=xs, y=y, grid=grid, block=block, rows=rows, turn=turn):
                 turn[0] += 1
-                k((grid,), (block,), (xs[turn[0] % 2], y, cp.int64(rows)))
+                used[0] += 1
+                if used[0] == tickets.size:
+                    raise RuntimeError("out of ticket counters")
+                counter = tickets[used[0] :]
+                k((grid,), (block,), (xs[turn[0] % 2], y, cp.int64(rows), counter))
 
             call()
             cp.cuda.Device().synchronize()
