@@ -205,6 +205,10 @@ __global__ void __launch_bounds__(BLOCK, MINB)
 //   HAS_W / HAS_B: w / b given (non-null); compile-time flags, as a run-time test of each
 //   pointer inside pass 2 made ptxas spill 24-40 bytes a thread at 3 and 4 packs (now up to 16
 //   with both given, 20 without one or both).
+//   ROLL: pass 2 is a loop, not unrolled (_launch.py says where: rows of 64-128 threads of 2
+//   packs, 0.3-1.3% faster). Rolled, no shape spills; unrolled, ptxas interleaves a pack's y
+//   with the next pack's loads and some spill 4-20 bytes (77 of the 280 kernels the plans take,
+//   fp16 N=16384 among them), but rolled lost 2-4% at N = 2560-8192 and 20480.
 //   Narrow rows (N = 512-4096) stream at 2 packs a thread, 32-256 threads a row (bf16 N=512
 //   3994 GB/s against 3962 for the register rows, 1024 4071 / 4006, 1536 4099 / 3953, 3584
 //   4175 / 3825); 1 pack lost (N=1024 over 128 threads: 3735 / 3983), as did a warp of 3-4
@@ -217,7 +221,7 @@ __global__ void __launch_bounds__(BLOCK, MINB)
 // NCH * TPR; TPR == BLOCK, or TPR <= 32 dividing BLOCK; ceil(M / (BLOCK / TPR)) blocks, a row
 // a block or a group of rows, M < 2**31.
 template <typename T, typename TW, typename TB, int VEC, int TPR, int BLOCK, int NCH, int MINB,
-          bool PARTIAL, bool HAS_W, bool HAS_B>
+          bool PARTIAL, bool ROLL, bool HAS_W, bool HAS_B>
 __global__ void __launch_bounds__(BLOCK, MINB)
     ln_fwd_stream(const T* __restrict__ x, const i64 x_stride, T* __restrict__ y,
                   const TW* __restrict__ w, const TB* __restrict__ b,
@@ -293,7 +297,7 @@ __global__ void __launch_bounds__(BLOCK, MINB)
   T* __restrict__ yr = y + row * NR;
   const unsigned long long drop = l2_policy<false>();
   cur = load_hinted<false>(xr + t, drop);  // read for the last time: past L1
-#pragma unroll
+#pragma unroll(ROLL ? 1 : NCH)
   for (int j = 0; j < NCH; ++j) {
     P next;
     if (j + 1 < NCH && held(j + 1)) next = load_hinted<false>(xr + (j + 1) * TPR + t, drop);
