@@ -313,9 +313,9 @@ FWD_STREAM_WARP_BLOCK = 256  # threads a block where a row takes a warp (8 rows 
 # all filled, run pass 2 as a loop (ln_fwd_stream's ROLL). H200, M*N = 2**27, one process, best
 # of 5, bf16 (fp16) GB/s, unrolled / rolled: N=1024 4073 / 4115 (4073 / 4109), 1536 4119 / 4151
 # (4071 / 4116), 2048 4131 / 4144 (4125 / 4160); 16384 x 1024 3086 / 3125 (3075 / 3091); a second
-# run +0.4% to +1.5%, 16384 x 1024 and 8192 x 2048 +0.5% to +0.9%. It lost
-# past them: 2560 (160 threads) 4150 / 4101 (4111 / 4088), 3072-8192 -1.4% to -3.9%, 20480 (640 x
-# 4) -2.2% to -2.5%, 1000 (partial) 4007 / 3834; 12288 and bf16 16384 level, fp16 16384 +1.4%.
+# run +0.4% to +1.5%, 16384 x 1024 and 8192 x 2048 +0.5% to +0.9%. It lost past them: 2560 (160
+# threads) 4150 / 4101 (4111 / 4088), 3072-8192 -1.4% to -3.9%, 20480 (640 x 4) -2.2% to -2.5%,
+# 1000 (partial) 4007 / 3834; 12288 and bf16 16384 level, fp16 16384 +1.4%.
 FWD_STREAM_ROLL_THREADS = 128
 # ...taken on devices whose peak DRAM bandwidth an SM is at least this (bytes/s): on an H200 (4.8
 # TB/s, 132 SMs: 37 GB/s an SM) it gained; on an H100 SXM (3.35 TB/s: 25 GB/s an SM), whose

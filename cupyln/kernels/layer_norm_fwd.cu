@@ -206,9 +206,9 @@ __global__ void __launch_bounds__(BLOCK, MINB)
 //   pointer inside pass 2 made ptxas spill 24-40 bytes a thread at 3 and 4 packs (now up to 16
 //   with both given, 20 without one or both).
 //   ROLL: pass 2 is a loop, not unrolled (_launch.py says where: rows of 64-128 threads of 2
-//   packs, 0.3-1.3% faster). Rolled, no shape spills; unrolled, ptxas interleaves a pack's y
-//   with the next pack's loads and some spill 4-20 bytes (77 of the 280 kernels the plans take,
-//   fp16 N=16384 among them), but rolled lost 2-4% at N = 2560-8192 and 20480.
+//   packs, 0.3-1.5% faster). Rolled, no shape spills; unrolled, ptxas interleaves a pack's y
+//   with the next pack's loads and some shapes spill 4-20 bytes (fp16 N=16384 among them), but
+//   rolled lost 1-4% at N = 2560-8192 and 20480: the spills do not decide.
 //   Narrow rows (N = 512-4096) stream at 2 packs a thread, 32-256 threads a row (bf16 N=512
 //   3994 GB/s against 3962 for the register rows, 1024 4071 / 4006, 1536 4099 / 3953, 3584
 //   4175 / 3825); 1 pack lost (N=1024 over 128 threads: 3735 / 3983), as did a warp of 3-4
