@@ -64,6 +64,8 @@ __global__ void CUPYLN_CLUSTER(2) __launch_bounds__(BLOCK, 1)
   cluster_sync();
   const P* wo = AFFINE ? map_rank(ws, rank ^ 1u) : nullptr;  // the partner's
   const A inv_n = A(1) / A(N);
+  // every slot is inside the row (N == ITEMS * BLOCK * VEC); without the check, which the
+  // package's register rows keep too, ptxas spilled 136-256 bytes a thread at 1024 threads
   auto held = [&](const int i) { return (i * BLOCK + t) * VEC < N; };
   i64 row = blockIdx.x;
   for (int it = 0; row < M; ++it) {
