@@ -130,7 +130,7 @@ def test_spill_allowances():
     assert _spill_allowed(wave) == 0 and _spill_allowed(wave, 80) == 8
     many = f"cupyln::ln_fwd_reg<{bf16}, {bf16}, {bf16}, 8, 4, 64, 64, 12, true, 4>"
     assert _spill_allowed(many, 80) == 0
-    shape = "8, 512, 512, 4, 4, false, false"
+    shape = "8, 512, 512, 4, 4, false, false, false"
     stream = f"cupyln::ln_fwd_stream<{bf16}, {bf16}, {bf16}, {shape}, true, true>"
     assert _spill_allowed(stream) == _spill_allowed(stream, 80) == STREAM_SPILL == 16
     bare = f"cupyln::ln_fwd_stream<{bf16}, {bf16}, {bf16}, {shape}, true, false>"

@@ -468,10 +468,10 @@ def test_stream_16bit_rows():
     (partial), wider rows where their packs split evenly over 512 threads of 2-4, 256 of 3,
     320 of 2-4, 448 of 4 or 640 of 4 (a block per row, up to 2048 threads an SM), w and b
     present or not as compile-time flags (rows of 64-128 threads of two packs with pass 2 a
-    loop), and past those any row whose packs split evenly over 256-640 threads (a multiple
-    of 32) at 3 or 4 packs, or over 256-384 at 2; other widths,
-    dtypes, devices and launches of more rows than a grid holds keep their tiers, and short
-    launches too where a register plan fits one wave of resident blocks."""
+    loop, float16 rows reading w and b through coherent loads), and past those any row whose
+    packs split evenly over 256-640 threads (a multiple of 32) at 3 or 4 packs, or over 256-384
+    at 2; other widths, dtypes, devices and launches of more rows than a grid holds keep their
+    tiers, and short launches too where a register plan fits one wave of resident blocks."""
     bf16 = [d for d in DTYPES if d.name == "bfloat16"][0]
     fp16 = np.dtype(np.float16)
     f32 = np.dtype(np.float32)
@@ -502,7 +502,8 @@ def test_stream_16bit_rows():
             assert got == ("stream", block, tpr, steps, block // tpr, minb * block), (n, p)
             flag = "true" if partial else "false"
             roll = "true" if n in (1024, 1536, 2048) else "false"  # pass 2 a loop
-            tail = f", 8, {tpr}, {block}, {steps}, {minb}, {flag}, {roll}, true, true>"
+            coherent = "true" if x == fp16 else "false"  # w and b through ld.global
+            tail = f", 8, {tpr}, {block}, {steps}, {minb}, {flag}, {roll}, {coherent}, true, true>"
             assert p.expr.endswith(tail), p
             assert _launch.forward_grid(70001, p, 0) == -(-70001 // (block // tpr))
             for affine in ((True, False), (False, True), (False, False)):

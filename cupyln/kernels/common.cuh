@@ -12,7 +12,8 @@
 //   * load_pack / store_pack: VEC consecutive elements in one access of VEC*sizeof(T) bytes
 //     (the caller guarantees that alignment); normalize_store: one pack's y, scaled and shifted;
 //     l2_policy / load_hinted: a 16-byte load kept in place, under an L2 eviction policy (and
-//     past L1 if asked);
+//     past L1 if asked); load_read_only: a 16-byte load of read-only data, through the
+//     non-coherent path or the coherent one;
 //   * walk_vectors: a group's strided walk over the packs of a span, U loads in flight;
 //   * group_sum: a sum over the TPR threads that own one row, identical in every thread
 //     (xor butterfly inside a warp, fixed-order sum of per-warp partials across warps);
@@ -216,6 +217,28 @@ __device__ __forceinline__ P load_hinted(const P* __restrict__ p,
   P out;
   memcpy(&out, w, sizeof(out));
   return out;
+}
+
+// One 16-byte pack at p (aligned to 16 bytes, read-only for the kernel's lifetime). COHERENT
+// false: a plain read, which the compiler makes a non-coherent load (ld.global.nc, SASS
+// LDG.E.128.CONSTANT) where p is const and __restrict__; true: ld.global (LDG.E.128), the
+// coherent path. Both allocate in L1. Not volatile: the compiler may move, merge or drop it as it
+// would a plain read. Which path a kernel takes changes how ptxas schedules and allocates
+// registers around it (ln_fwd_stream's COHERENT_WB).
+template <bool COHERENT, typename P>
+__device__ __forceinline__ P load_read_only(const P* __restrict__ p) {
+  static_assert(sizeof(P) == 16, "16-byte packs");
+  if constexpr (COHERENT) {
+    unsigned w[4];
+    asm("{ .reg .u64 g; cvta.to.global.u64 g, %4; ld.global.v4.u32 {%0, %1, %2, %3}, [g]; }"
+        : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
+        : "l"(p));
+    P out;
+    memcpy(&out, w, sizeof(out));
+    return out;
+  } else {
+    return *p;
+  }
 }
 
 // Stores W 32-bit words at p (aligned to 16 bytes; W a multiple of 4) as whole 16-byte words

@@ -209,6 +209,12 @@ __global__ void __launch_bounds__(BLOCK, MINB)
 //   packs, 0.3-1.5% faster). Rolled, no shape spills; unrolled, ptxas interleaves a pack's y
 //   with the next pack's loads and some shapes spill 4-20 bytes (fp16 N=16384 among them), but
 //   rolled lost 1-4% at N = 2560-8192 and 20480: the spills do not decide.
+//   COHERENT_WB: pass 2 reads w and b through ld.global (load_read_only<true>) instead of the
+//   read-only path their plain reads compile to; ptxas then stores each pack's y before the
+//   next pack's arithmetic, and float16 rows spill nothing (fp16 N=16384 spilled 4 bytes a
+//   thread: +1.8%, 3956 / 4027 GB/s; 4096 and 5120 +0.7-0.8%, short launches of 5120 and 16384
+//   +1.9-2.1%). bf16 rows took -1.1% to +0.3% (8192: 4076 / 4032): _launch.py takes it for
+//   float16 x only.
 //   Narrow rows (N = 512-4096) stream at 2 packs a thread, 32-256 threads a row (bf16 N=512
 //   3994 GB/s against 3962 for the register rows, 1024 4071 / 4006, 1536 4099 / 3953, 3584
 //   4175 / 3825); 1 pack lost (N=1024 over 128 threads: 3735 / 3983), as did a warp of 3-4
@@ -221,7 +227,7 @@ __global__ void __launch_bounds__(BLOCK, MINB)
 // NCH * TPR; TPR == BLOCK, or TPR <= 32 dividing BLOCK; ceil(M / (BLOCK / TPR)) blocks, a row
 // a block or a group of rows, M < 2**31.
 template <typename T, typename TW, typename TB, int VEC, int TPR, int BLOCK, int NCH, int MINB,
-          bool PARTIAL, bool ROLL, bool HAS_W, bool HAS_B>
+          bool PARTIAL, bool ROLL, bool COHERENT_WB, bool HAS_W, bool HAS_B>
 __global__ void __launch_bounds__(BLOCK, MINB)
     ln_fwd_stream(const T* __restrict__ x, const i64 x_stride, T* __restrict__ y,
                   const TW* __restrict__ w, const TB* __restrict__ b,
@@ -307,12 +313,12 @@ __global__ void __launch_bounds__(BLOCK, MINB)
 #pragma unroll
     for (int e = 0; e < VEC; ++e) o[e] = (widen_at<A>(cur, e) - off) * r;
     if constexpr (HAS_W) {
-      const auto pw = *reinterpret_cast<const Pack<TW, VEC>*>(w + col);
+      const auto pw = load_read_only<COHERENT_WB>(reinterpret_cast<const Pack<TW, VEC>*>(w + col));
 #pragma unroll
       for (int e = 0; e < VEC; ++e) o[e] *= widen_at<A>(pw, e);
     }
     if constexpr (HAS_B) {
-      const auto pb = *reinterpret_cast<const Pack<TB, VEC>*>(b + col);
+      const auto pb = load_read_only<COHERENT_WB>(reinterpret_cast<const Pack<TB, VEC>*>(b + col));
 #pragma unroll
       for (int e = 0; e < VEC; ++e) o[e] += widen_at<A>(pb, e);
     }
