@@ -317,11 +317,14 @@ FWD_STREAM_WARP_BLOCK = 256  # threads a block where a row takes a warp (8 rows 
 # threads) 4150 / 4101 (4111 / 4088), 3072-8192 -1.4% to -3.9%, 20480 (640 x 4) -2.2% to -2.5%,
 # 1000 (partial) 4007 / 3834; 12288 and bf16 16384 level, fp16 16384 +1.4%.
 FWD_STREAM_ROLL_THREADS = 128
-# Rows of these x dtypes read w and b in pass 2 through coherent loads (ln_fwd_stream's
-# COHERENT_WB). H200, M*N = 2**27, one process, best of 3, GB/s read-only / coherent: fp16 N=16384
-# 3956 / 4027 (no spill then), 4096 4154 / 4182, 5120 4090 / 4123, the rest within +-0.3%; short
-# launches (2**24) 3276 x 5120 3012 / 3070, 1024 x 16384 2915 / 2975. bf16 lost at 8192 (4076 /
-# 4032) and in short launches of 4096 (3130 / 3086).
+# Rows where x, w or b is of one of these dtypes read w and b in pass 2 through coherent loads
+# (ln_fwd_stream's COHERENT_WB). H200, M*N = 2**27, one process, best of 5, GB/s read-only /
+# coherent (x / w and b): fp16 / fp16 N=16384 3967 / 4037 (no spill then), 3072 4098 / 4159, 5120
+# 4079 / 4111, 8192 4069 / 4054, the rest -0.2% to +0.4%; fp16 / bf16 16384 3953 / 4021, 5120
+# 4099 / 4151; bf16 / fp16 16384 3951 / 4027, 5120 4089 / 4139, 4096 and 8192 0.0-0.3%; short
+# launches (2**24) fp16 3276 x 5120 3008 / 3061, 1024 x 16384 2891 / 2945, 4096 x 4096 -0.5%.
+# bf16 / bf16 lost at 8192 (4048 / 4009) and in short launches of 4096 and 8192 (-1.2% to -1.5%),
+# and gained 0.4% at 16384: it keeps the read-only path. A first run agreed within 0.5 points.
 FWD_STREAM_COHERENT_WB = frozenset({"float16"})
 # ...taken on devices whose peak DRAM bandwidth an SM is at least this (bytes/s): on an H200 (4.8
 # TB/s, 132 SMs: 37 GB/s an SM) it gained; on an H100 SXM (3.35 TB/s: 25 GB/s an SM), whose
@@ -560,7 +563,7 @@ def forward_plan(n: int, x_dtype, w_dtype, b_dtype, vec: int, smem_limit: int,
         block = tpr if tpr > 32 else FWD_STREAM_WARP_BLOCK
         minb = FWD_STREAM_THREADS // block
         roll = steps == 2 and not partial and 32 < tpr <= FWD_STREAM_ROLL_THREADS
-        coherent = x_dtype.name in FWD_STREAM_COHERENT_WB
+        coherent = bool({x_dtype.name, w_dtype.name, b_dtype.name} & FWD_STREAM_COHERENT_WB)
         args = (tx, tw, tb, vec, tpr, block, steps, minb, partial, roll, coherent, *affine)
         expr = _compile.template("ln_fwd_stream", *args)
         return Plan(

@@ -468,7 +468,7 @@ def test_stream_16bit_rows():
     (partial), wider rows where their packs split evenly over 512 threads of 2-4, 256 of 3,
     320 of 2-4, 448 of 4 or 640 of 4 (a block per row, up to 2048 threads an SM), w and b
     present or not as compile-time flags (rows of 64-128 threads of two packs with pass 2 a
-    loop, float16 rows reading w and b through coherent loads), and past those any row whose
+    loop; w and b through coherent loads where x, w or b is float16), and past those any row whose
     packs split evenly over 256-640 threads (a multiple of 32) at 3 or 4 packs, or over 256-384
     at 2; other widths, dtypes, devices and launches of more rows than a grid holds keep their
     tiers, and short launches too where a register plan fits one wave of resident blocks."""
@@ -489,7 +489,12 @@ def test_stream_16bit_rows():
     wide.update({19456: (608, 4)})
     shapes.update({n: (tpr, steps, False) for n, (tpr, steps) in wide.items()})
     for n in range(8, 65537, 8):
-        for x, w, b in ((bf16, bf16, bf16), (fp16, fp16, fp16), (fp16, bf16, fp16)):
+        for x, w, b in (
+            (bf16, bf16, bf16),
+            (fp16, fp16, fp16),
+            (fp16, bf16, fp16),
+            (bf16, fp16, bf16),
+        ):
             p = _launch.forward_plan(n, x, w, b, 8, SMEM_H100, h100, stream=True)
             if n not in shapes:
                 assert p.tier != "stream", (n, p)
@@ -502,7 +507,7 @@ def test_stream_16bit_rows():
             assert got == ("stream", block, tpr, steps, block // tpr, minb * block), (n, p)
             flag = "true" if partial else "false"
             roll = "true" if n in (1024, 1536, 2048) else "false"  # pass 2 a loop
-            coherent = "true" if x == fp16 else "false"  # w and b through ld.global
+            coherent = "true" if fp16 in (x, w, b) else "false"  # w and b through ld.global
             tail = f", 8, {tpr}, {block}, {steps}, {minb}, {flag}, {roll}, {coherent}, true, true>"
             assert p.expr.endswith(tail), p
             assert _launch.forward_grid(70001, p, 0) == -(-70001 // (block // tpr))

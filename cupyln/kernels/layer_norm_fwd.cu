@@ -211,10 +211,10 @@ __global__ void __launch_bounds__(BLOCK, MINB)
 //   rolled lost 1-4% at N = 2560-8192 and 20480: the spills do not decide.
 //   COHERENT_WB: pass 2 reads w and b through ld.global (load_read_only<true>) instead of the
 //   read-only path their plain reads compile to; ptxas then stores each pack's y before the
-//   next pack's arithmetic, and float16 rows spill nothing (fp16 N=16384 spilled 4 bytes a
-//   thread: +1.8%, 3956 / 4027 GB/s; 4096 and 5120 +0.7-0.8%, short launches of 5120 and 16384
-//   +1.9-2.1%). bf16 rows took -1.1% to +0.3% (8192: 4076 / 4032): _launch.py takes it for
-//   float16 x only.
+//   next pack's arithmetic, and rows with float16 in x, w or b spill nothing with w and b given
+//   (fp16 N=16384 spilled 4 bytes a thread: +1.8%, 3967 / 4037 GB/s; 3072 and 5120 +0.8-1.5%;
+//   x or w and b of bf16 with the other fp16, 16384 +1.7-1.9%). bf16 rows took -1.5% to +0.4%
+//   (8192: 4048 / 4009): _launch.py takes it where x, w or b is float16.
 //   Narrow rows (N = 512-4096) stream at 2 packs a thread, 32-256 threads a row (bf16 N=512
 //   3994 GB/s against 3962 for the register rows, 1024 4071 / 4006, 1536 4099 / 3953, 3584
 //   4175 / 3825); 1 pack lost (N=1024 over 128 threads: 3735 / 3983), as did a warp of 3-4
