@@ -203,12 +203,13 @@ __global__ void __launch_bounds__(BLOCK, MINB)
 //   packs it has read itself, after every thread of its row has read the shift (the row's sums,
 //   barriers or warp shuffles, come between), so y may be x.
 //   HAS_W / HAS_B: w / b given (non-null); compile-time flags, as a run-time test of each
-//   pointer inside pass 2 made ptxas spill 24-40 bytes a thread at 3 and 4 packs (now up to 16
-//   with both given, 20 without one or both).
+//   pointer inside pass 2 made ptxas spill 24-40 bytes a thread at 3 and 4 packs (now up to 8
+//   with both given, 16 without one or both).
 //   ROLL: pass 2 is a loop, not unrolled (_launch.py says where: rows of 64-128 threads of 2
 //   packs, 0.3-1.5% faster). Rolled, no shape spills; unrolled, ptxas interleaves a pack's y
-//   with the next pack's loads and some shapes spill 4-20 bytes (fp16 N=16384 among them), but
-//   rolled lost 1-4% at N = 2560-8192 and 20480: the spills do not decide.
+//   with the next pack's loads and some shapes spilled 4-20 bytes (fp16 N=16384 among them,
+//   before COHERENT_WB), but rolled lost 1-4% at N = 2560-8192 and 20480: the spills do not
+//   decide.
 //   COHERENT_WB: pass 2 reads w and b through ld.global (load_read_only<true>) instead of the
 //   read-only path their plain reads compile to; ptxas then stores each pack's y before the
 //   next pack's arithmetic, and rows with float16 in x, w or b spill nothing with w and b given
