@@ -255,8 +255,8 @@ FWD_REG_BLOCK_MAX = 1024  # ...up to 1024 for the forward of 16- and 32-bit rows
 # would hold the whole row (H200, M*N = 2**27: bf16 N=65536 2858 GB/s against 2427 for one
 # 1024-thread block, bf16 x with float32 w/b 2844 / 2614; fp16 2977 / 3187, float32 N=32768
 # 3457 / 3470; again with cd1ea10's kernels, bf16 3393 / 3198, fp16 3398 / 3157, bf16
-# N=49152 3547 / 3167, 40960 3494 / 3131: BENCHMARKS.md), and rows past one block's registers
-# leave the staging tiers (bf16 N=131072 2600 against 1723, 262144 2334 / 1673; float32
+# N=49152 3547 / 3167, 40960 3494 / 3131: docs/benchmark-log.md), and rows past one block's
+# registers leave the staging tiers (bf16 N=131072 2600 against 1723, 262144 2334 / 1673; float32
 # N=40000 3116 / 2801, 65536 3080 / 2683).
 FWD_REG_CLUSTER_BLOCK = 512
 FWD_REG_CLUSTER_MAX = 8
@@ -264,7 +264,7 @@ FWD_REG_CLUSTER_MAX = 8
 # them there for every row (STAGE_WB) where the SM's blocks' copies take at most
 # FWD_STAGE_WB_SM bytes: read through L1, they come from L2 on most rows (Nsight Compute, bf16
 # N=65536: L1 hit 8-11% of the sectors, though an SM's two blocks hold one slice; why is not
-# found, BENCHMARKS.md). The rest of the SM's 256 KB of L1 and shared
+# found, docs/benchmark-log.md). The rest of the SM's 256 KB of L1 and shared
 # memory holds the loads in flight: at 224 KB of copies the forward lost (bf16 N=57344 2887
 # GB/s against 3313). H200, M*N = 2**27, one process, best of 3, GB/s staged against read
 # through L1: bf16 N=45056 3481 / 3107, 49152 3545 / 3178, 98304 3057 / 2913; float32 N=24576

@@ -106,7 +106,7 @@ def _ptr(t) -> int:
 def _row_stats(x, dtype: torch.dtype) -> torch.Tensor:
     """An empty tensor of x's rows' shape (``x.shape[:-1]``) and ``dtype`` on x's device. The
     sizes go to torch.empty as separate ints, which it parses in about half the host time of a
-    torch.Size (BENCHMARKS.md, the torch functions' host time)."""
+    torch.Size (docs/benchmark-log.md, the torch functions' host time)."""
     lead = x.shape[:-1]
     if not lead:
         return x.new_empty((), dtype=dtype)
@@ -270,7 +270,7 @@ def _needs_grad(a, b, c) -> bool:
 # The ops are defined with torch.library's lower-level API rather than torch.library.custom_op:
 # the same schema, fake and autograd registrations, without custom_op's generic wrappers
 # around each call (an aliasing check of the outputs, an argument-flattening autograd kernel):
-# 11-13% less host time per call without gradients, 30% less with them (BENCHMARKS.md, the
+# 11-13% less host time per call without gradients, 30% less with them (docs/benchmark-log.md, the
 # torch ops). The kernels below the autograd key are the implementations themselves, at
 # CompositeExplicitAutograd as custom_op registers them, so a tensor off the GPU reaches
 # _check's error.
@@ -349,7 +349,8 @@ _lib.impl("layer_norm_bwd", _bwd_autograd, "Autograd")
 class _Eager(torch.autograd.Function):
     """The same forward and backward as the custom ops, for eager calls: an autograd.Function
     skips the dispatcher's round trips through the op registry (a few microseconds of CPU time
-    per call, measured in BENCHMARKS.md). torch.compile and functorch transforms see the ops."""
+    per call, measured in docs/benchmark-log.md). torch.compile and functorch transforms see
+    the ops."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, eps):

@@ -1,5 +1,5 @@
-"""LayerNorm's data flow without its arithmetic: the kernels and runs of BENCHMARKS.md's section
-on where the widest forward rows lose.
+"""LayerNorm's data flow without its arithmetic: the kernels and runs of
+docs/benchmark-log.md's section on where the widest forward rows lose.
 
 Each block (or thread-block cluster) loads its part of a row into registers in the register
 rows' layout (16-byte packs, thread t holding packs t, t + BLOCK, ..., all loads issued before

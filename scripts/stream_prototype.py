@@ -1,5 +1,6 @@
 """Prototype of a streaming forward for 16-bit rows (a block per row, the row read twice): the
-kernel and the runs of BENCHMARKS.md's section on a forward that streams 16-bit rows through L2.
+kernel and the runs of docs/benchmark-log.md's section on a forward that streams 16-bit rows
+through L2.
 
 Pass 1 walks the row in chunks of CH 16-byte packs a thread (a chunk's loads issued one chunk
 ahead), forms each chunk's exact mean and squared deviations from registers and merges them

@@ -1,4 +1,4 @@
-"""A forward launch block by block: the runs of BENCHMARKS.md's section on where the widest
+"""A forward launch block by block: the runs of docs/benchmark-log.md's section on where the widest
 forward rows lose.
 
 The package's forward source is patched here (not in the package) so that every block of the

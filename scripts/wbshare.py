@@ -1,6 +1,6 @@
 """Rows of N = 49152 and 65536 whole in one block an SM, with w and b split over a thread-block
-cluster's shared memory: the prototype of BENCHMARKS.md's section on w and b where the widest
-forward rows need them (a kernel outside the package, built on its headers).
+cluster's shared memory: the prototype of docs/benchmark-log.md's section on w and b where the
+widest forward rows need them (a kernel outside the package, built on its headers).
 
 Clusters of two blocks of BLOCK threads (1024 at 65536, 768 at 49152) hold ITEMS = 8 packs of
 16 bytes a thread: one block holds a whole row, one block an SM. Each block copies its half of

@@ -352,7 +352,7 @@ __global__ void __launch_bounds__(BLOCK, MINB)
 //   hold up this row's stores (float32 N=32768 2740 GB/s against 3847). The launcher takes LAG
 //   for float32 rows in blocks of 384 threads or more (_launch.FWD_LAG_BLOCK).
 //   Two rows a thread at a time, w and b read once for both at half the vectors a row, measured
-//   slower (bf16 N=65536 over 4 blocks of 512: 2603 GB/s against 3399; BENCHMARKS.md).
+//   slower (bf16 N=65536 over 4 blocks of 512: 2603 GB/s against 3399; docs/benchmark-log.md).
 // Limits: ceil(P / C) <= ITEMS * BLOCK, and P >= C (every block gets packs). STAGE_WB: dynamic
 // shared memory of ITEMS * BLOCK * VEC * (sizeof(TW) + sizeof(TB)) bytes. LAG: 2 * ITEMS * VEC
 // registers of data a thread.
