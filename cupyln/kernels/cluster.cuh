@@ -121,7 +121,10 @@ __device__ __forceinline__ void store_remote(const unsigned dst, const A v, cons
 //   clusters before the rows overlapped. Not taken: kAsync in the staging clusters (float32
 //   backward N=32768 3021 against 2834, but 65536 2545 / 2648, float64 forward 65536 2572 /
 //   2873). With the barrier's arrive relaxed (no release: wrong sums) the forward reached 3382 at
-//   bf16 N=65536.
+//   bf16 N=65536. ptxas follows each successful kAsyncCluster wait with CCTL.IVALL, which empties
+//   the SM's L1 once a row: the forward clusters then read w and b from L2 (bf16 N=65536: 10-12%
+//   of L1's sectors hit, 47% with kAsync), at no measurable cost (w and b read from 64 packs only:
+//   -0.7% / +0.3%; kAsync 2-7% slower again at N=65536 and 131072; docs/benchmark-log.md).
 enum class Sync { kBarrier, kAsync, kAsyncCluster };
 
 // W values from each of the C blocks of a cluster to every block, once a row: send() gives
