@@ -263,8 +263,8 @@ FWD_REG_CLUSTER_MAX = 8
 # A register cluster's blocks copy their slices of w and b into shared memory once and read
 # them there for every row (STAGE_WB) where the SM's blocks' copies take at most
 # FWD_STAGE_WB_SM bytes: read through L1, they come from L2 on most rows (Nsight Compute, bf16
-# N=65536: L1 hit 8-11% of the sectors, though an SM's two blocks hold one slice; why is not
-# found, docs/benchmark-log.md). The rest of the SM's 256 KB of L1 and shared
+# N=65536: L1 hit 8-11% of the sectors, though an SM's two blocks hold one slice: the clusters'
+# wait empties L1 each row, kernels/cluster.cuh). The rest of the SM's 256 KB of L1 and shared
 # memory holds the loads in flight: at 224 KB of copies the forward lost (bf16 N=57344 2887
 # GB/s against 3313). H200, M*N = 2**27, one process, best of 3, GB/s staged against read
 # through L1: bf16 N=45056 3481 / 3107, 49152 3545 / 3178, 98304 3057 / 2913; float32 N=24576
