@@ -1,12 +1,14 @@
 """Compilation: the one place that reads kernel sources and turns them into CUDA functions.
 
-* ``source(name)`` reads ``kernels/<name>`` and inlines its local ``#include "..."`` files, so
+* ``source(file)`` reads ``kernels/<file>`` and inlines its local ``#include "..."`` files, so
   CuPy's disk cache (keyed on the source text) sees every change to a shared header.
-* ``kernel(name, expr)`` returns the ``cupy.RawKernel`` for one template instantiation on the
-  current device, building one ``cupy.RawModule`` per (device, source hash, options, expression)
-  on first use under a lock.
-* ``compile_cubin(name, exprs, arch)`` compiles with NVRTC directly, without a GPU or driver:
-  the CPU tests use it to build every variant for sm_80/sm_90 and read ptxas' report.
+* ``expression(k)`` renders a plan's kernel record (``_plans.common.Kernel``: a name and its
+  template arguments) as the name expression NVRTC instantiates, from the one dtype table.
+* ``function(k, device_id, smem)`` returns the ``cupy.RawKernel`` of one instantiation on a
+  device, building one ``cupy.RawModule`` per (device, source hash, options, expression) on
+  first use under a lock.
+* ``compile_cubin(kernels, arch)`` compiles with NVRTC directly, without a GPU or driver: the
+  CPU tests build every variant for sm_80/sm_90 with it and read ptxas' report.
 """
 
 from __future__ import annotations
@@ -17,10 +19,19 @@ import threading
 from functools import cache
 from pathlib import Path
 
+import numpy
+
+from ._dtypes import ctype
+
 KERNEL_DIR = Path(__file__).resolve().parent / "kernels"
-FWD_SOURCE = "layer_norm_fwd.cu"
-BWD_SOURCE = "layer_norm_bwd.cu"
-JAG_SOURCE = "jagged.cu"
+
+#: kernel name prefix -> the file that defines it
+SOURCES = {
+    "ln_fwd_": "layer_norm_fwd.cu",
+    "ln_bwd_": "layer_norm_bwd.cu",
+    "ln_partial_reduce": "layer_norm_bwd.cu",
+    "jag_": "jagged.cu",
+}
 
 #: NVRTC options shared by the run-time build and the CPU compile check (CuPy adds -arch).
 OPTIONS = ("-std=c++17",)
@@ -41,71 +52,92 @@ def _inline(path: Path, seen: set[Path]) -> str:
 
 
 @cache
-def source(name: str) -> tuple[str, str]:
-    """(text of kernels/<name> with local includes inlined, its sha256)."""
-    text = _inline((KERNEL_DIR / name).resolve(), set())
+def source(file: str) -> tuple[str, str]:
+    """(text of kernels/<file> with local includes inlined, its sha256)."""
+    text = _inline((KERNEL_DIR / file).resolve(), set())
     return text, hashlib.sha256(text.encode()).hexdigest()
 
 
-def template(fn: str, *args) -> str:
-    """Name expression of a kernel instantiation, e.g. ``cupyln::ln_fwd_reg<float, 4>``."""
-    parts = [("true" if a else "false") if isinstance(a, bool) else str(a) for a in args]
-    return f"cupyln::{fn}<{', '.join(parts)}>"
+def source_of(name: str) -> str:
+    """The kernels/ file that defines kernel ``name``."""
+    for prefix, file in SOURCES.items():
+        if name.startswith(prefix):
+            return file
+    raise KeyError(f"no kernel source defines {name}")
+
+
+def _arg(a) -> str:
+    if isinstance(a, bool):
+        return "true" if a else "false"
+    if isinstance(a, numpy.dtype):
+        return ctype(a)
+    return str(int(a))
+
+
+@cache
+def expression(k) -> str:
+    """Name expression of a kernel record, e.g. ``cupyln::ln_fwd_reg<float, float, ...>``."""
+    return f"cupyln::{k.name}<{', '.join(_arg(a) for a in k.args)}>"
 
 
 _lock = threading.Lock()
 _modules: dict = {}  # (device, file, source hash, options, expression) -> cupy.RawModule
-_kernels: dict = {}  # (device, file, expression, shared-memory limit) -> cupy.RawKernel
+_functions: dict = {}  # (device, kernel record, shared-memory limit) -> cupy.RawKernel
 
 
-def kernel(name: str, expr: str, device_id: int, max_dynamic_smem: int = 0):
-    """The RawKernel for template instantiation ``expr`` of kernels/``name`` on ``device_id``.
+def function(k, device_id: int, max_dynamic_smem: int = 0):
+    """The RawKernel of kernel record ``k`` on ``device_id`` (which must be current).
 
-    ``max_dynamic_smem`` (bytes, the device's opt-in limit per block) raises the kernel's
-    dynamic shared-memory limit once, to that limit less the kernel's static shared memory.
-    Call it with ``device_id`` current (the API layer does).
+    ``max_dynamic_smem`` (bytes, the device's opt-in limit a block) raises the kernel's dynamic
+    shared-memory limit once, to that limit less the kernel's static shared memory.
     """
-    key = (device_id, name, expr, max_dynamic_smem)
-    k = _kernels.get(key)
-    if k is not None:
-        return k
+    key = (device_id, k, max_dynamic_smem)
+    f = _functions.get(key)
+    if f is not None:
+        return f
     import cupy
 
     with _lock:
-        k = _kernels.get(key)
-        if k is None:
-            text, digest = source(name)
-            mkey = (device_id, name, digest, OPTIONS, expr)
+        f = _functions.get(key)
+        if f is None:
+            file, expr = source_of(k.name), expression(k)
+            text, digest = source(file)
+            mkey = (device_id, file, digest, OPTIONS, expr)
             mod = _modules.get(mkey)
             if mod is None:
                 mod = cupy.RawModule(code=text, options=OPTIONS, name_expressions=(expr,))
                 _modules[mkey] = mod
-            k = mod.get_function(expr)
+            f = mod.get_function(expr)
             if max_dynamic_smem:
-                k.max_dynamic_shared_size_bytes = max_dynamic_smem - k.shared_size_bytes
-            _kernels[key] = k
-    return k
+                f.max_dynamic_shared_size_bytes = max_dynamic_smem - f.shared_size_bytes
+            _functions[key] = f
+    return f
 
 
-def compile_cubin(name: str, exprs, arch: int, verbose: bool = True) -> tuple[bytes, str, dict]:
-    """Compile instantiations ``exprs`` of kernels/``name`` for sm_``arch`` with NVRTC.
+def compile_cubin(kernels, arch: int, verbose: bool = True) -> tuple[bytes, str, dict]:
+    """Compile kernel records of one source file for sm_``arch`` with NVRTC.
 
-    Needs no GPU and no driver. Returns (cubin, NVRTC log, {expression: lowered name}); with
+    Needs no GPU and no driver. Returns (cubin, NVRTC log, {kernel record: lowered name}); with
     ``verbose`` the log holds ptxas' per-kernel report (registers, spills, stack frame).
     """
     from cupy_backends.cuda.libs import nvrtc
 
-    text, _ = source(name)
+    kernels = list(kernels)
+    files = {source_of(k.name) for k in kernels}
+    if len(files) != 1:
+        raise ValueError(f"compile_cubin takes kernels of one source file; got {sorted(files)}")
+    (file,) = files
+    text, _ = source(file)
     opts = OPTIONS + (f"-arch=sm_{arch}",) + (("--ptxas-options=-v",) if verbose else ())
-    prog = nvrtc.createProgram(text, name, (), ())
+    prog = nvrtc.createProgram(text, file, (), ())
     try:
-        for e in exprs:
-            nvrtc.addNameExpression(prog, e)
+        for k in kernels:
+            nvrtc.addNameExpression(prog, expression(k))
         try:
             nvrtc.compileProgram(prog, opts)
         except nvrtc.NVRTCError as err:
-            raise RuntimeError(f"NVRTC failed on {name}:\n{nvrtc.getProgramLog(prog)}") from err
-        lowered = {e: nvrtc.getLoweredName(prog, e) for e in exprs}
+            raise RuntimeError(f"NVRTC failed on {file}:\n{nvrtc.getProgramLog(prog)}") from err
+        lowered = {k: nvrtc.getLoweredName(prog, expression(k)) for k in kernels}
         return nvrtc.getCUBIN(prog), nvrtc.getProgramLog(prog), lowered
     finally:
         nvrtc.destroyProgram(prog)

@@ -31,13 +31,30 @@ if BFLOAT16 is not None:
 #: names for messages and docs, in the order of the table
 SUPPORTED_NAMES = tuple(dt.name for dt in TABLE)
 
+#: the jagged offsets' dtypes -> their C type
+INDEX = {numpy.dtype(numpy.int32): "int", numpy.dtype(numpy.int64): "long long"}
+
 
 def ctype(dtype) -> str:
-    """C type of a supported element dtype (TypeError for any other)."""
-    entry = TABLE.get(numpy.dtype(dtype))
-    if entry is None:
-        raise TypeError(f"dtype must be one of {', '.join(SUPPORTED_NAMES)}; got {dtype}")
-    return entry[0]
+    """C type of a supported element or offsets dtype (TypeError for any other)."""
+    dtype = numpy.dtype(dtype)
+    entry = TABLE.get(dtype)
+    if entry is not None:
+        return entry[0]
+    if dtype in INDEX:
+        return INDEX[dtype]
+    raise TypeError(f"dtype must be one of {', '.join(SUPPORTED_NAMES)}; got {dtype}")
+
+
+def check(dtype, name: str) -> numpy.dtype:
+    """``dtype`` as a NumPy dtype when the kernels take it, else a TypeError naming ``name``."""
+    try:
+        dt = numpy.dtype(dtype)
+    except TypeError:
+        dt = None
+    if dt not in TABLE:
+        raise TypeError(f"{name} must have dtype {', '.join(SUPPORTED_NAMES)}; got {dtype}")
+    return dt
 
 
 def acc_dtype(dtype) -> numpy.dtype:

@@ -18,89 +18,31 @@ global memory by the forward's short kernel (slowly); the backward keeps the lon
 
 from __future__ import annotations
 
-from functools import lru_cache
+from . import _checks, _launcher, _runtime
+from ._api import aligned_vector, ptr
+from ._dtypes import INDEX, acc_dtype
+from ._plans import backward as bwd
+from ._plans.common import grid_size, vector_width
 
-import numpy
-
-from . import _api, _compile, _launch
-from ._api import _check_array, _check_eps, _check_vector, _cupy, _OnDevice, _ptr
-from ._driver import Launcher
-from ._dtypes import SUPPORTED_NAMES, TABLE, acc_dtype
-
-_OFFSET_CTYPES = {numpy.dtype(numpy.int32): "int", numpy.dtype(numpy.int64): "long long"}
 _PART_BYTES = 32  # struct Part in jagged.cu: int64 seq, double n, a, b
-
-# parameter layouts (see _driver): Q pointer, q int64, i int32, f/d the arithmetic type
-_ARGS = {
-    # ... and every kernel but expand/check ends with has_long
-    "partition": "QqqQQ",  # off, B, G, parts
-    # x, off, D, y, w, b, mean, rstd, eps, cap, ring, parts, long_path
-    "fwd_short": "QQiQQQQQ{e}qiQiQ",
-    "fwd_partial": "QQqiqqQQ",  # x, off, B, D, R, cap, part
-    "combine": "QqiqqQQQQ{e}Q",  # off, B, D, R, cap, part, o1, o2, mean64, eps
-    "fwd_apply": "QQqiqqQQQQQQ",  # x, off, B, D, R, cap, y, w, b, mean64, rstd
-    "bwd_short": "QQQqiQQQQqQ",  # dy, x, off, B, D, w, mean, rstd, dx, cap
-    "bwd_partial": "QQQqiqqQQQQQ",  # dy, x, off, B, D, R, cap, w, mean, rstd, part
-    "bwd_apply": "QQQqiqqQQQQQQQ",  # dy, x, off, B, D, R, cap, w, mean, rstd, c1, c2, dx
-    "expand": "QqQQQQ",  # off, B, mean, rstd, row_mean, row_rstd
-}
-_CHECK_ARGS = "QqqQ"  # off, B, total, flags
-
-
-class _Kernels:
-    """The jagged kernels of one problem on one device, with their resident block counts."""
-
-    def __init__(self, dev, d, x_dtype, w_dtype, b_dtype, o_dtype, vec, max_seqlen):
-        info = _api._device(dev)
-        self.fwd = _launch.jagged_plan(d, x_dtype, vec, info.smem_optin, max_seqlen, False)
-        self.bwd = _launch.jagged_plan(d, x_dtype, vec, info.smem_optin, max_seqlen, True)
-        exprs = _launch.jagged_exprs(x_dtype, w_dtype, b_dtype, _OFFSET_CTYPES[o_dtype], vec,
-                                     self.fwd, self.bwd)  # fmt: skip
-        e = "d" if acc_dtype(x_dtype).itemsize == 8 else "f"
-        self.launch, self.capacity = {}, {}
-        for role, expr in exprs.items():
-            smem = {"fwd_short": self.fwd.smem, "bwd_short": self.bwd.smem}.get(role, 0)
-            k = _api._get(_compile.JAG_SOURCE, expr, dev, smem)
-            fmt = _ARGS["combine" if role.endswith("combine") else role].format(e=e)
-            self.launch[role] = Launcher(k, fmt)
-            block = {"fwd_short": self.fwd.block, "bwd_short": self.bwd.block}.get(
-                role, 256 if role in ("expand", "partition") else _launch.JAG_CHUNK_BLOCK
-            )
-            self.capacity[role] = (_api._capacity(k, block, smem, dev), block, smem)
-        # the forward short kernel is persistent: every resident block, each with its groups
-        self.fwd_blocks = self.capacity["fwd_short"][0]
-        self.fwd_groups = self.fwd_blocks * (self.fwd.block // self.fwd.group)
-        # dw/db: layer_norm_bwd.cu's column kernel and fixed-order reduce (b_dtype: db's dtype)
-        cols = _api._get(_compile.BWD_SOURCE, _launch.dwdb_cols_expr(x_dtype), dev, 0)
-        self.cols = Launcher(cols, _api._COLS_ARGS)
-        self.dtypes = x_dtype, w_dtype, b_dtype
-
-    def __call__(self, role, work, stream, *args):
-        cap, block, smem = self.capacity[role]
-        self.launch[role](_launch.grid_size(work, 1, cap), block, smem, stream, *args)
-
-
-@lru_cache(maxsize=1024)
-def _kernels(dev, d, x_dtype, w_dtype, b_dtype, o_dtype, vec, max_seqlen) -> _Kernels:
-    return _Kernels(dev, d, x_dtype, w_dtype, b_dtype, o_dtype, vec, max_seqlen)
 
 
 # ------------------------------------------------------------------ validation
 def _check_values(values, name="values") -> tuple[int, int]:
-    _check_array(values, name)
+    _checks.array(values, name)
     if values.ndim != 2:
         raise ValueError(f"{name} must be 2-D [total_L, D]; got shape {values.shape}")
     total, d = values.shape
-    if not 1 <= d <= _api._MAX_N:
-        raise ValueError(f"{name}.shape[1] (D) must be in [1, {_api._MAX_N}]; got {d}")
+    if not 1 <= d <= _checks.MAX_N:
+        raise ValueError(f"{name}.shape[1] (D) must be in [1, {_checks.MAX_N}]; got {d}")
     return total, d
 
 
 def _check_offsets_array(offsets, dev: int) -> int:
-    cupy = _cupy()
+    cupy = _runtime.cupy()
     if not isinstance(offsets, cupy.ndarray):
         raise TypeError(f"offsets must be a cupy.ndarray of int32 or int64; got {type(offsets)}")
-    if offsets.dtype not in _OFFSET_CTYPES:
+    if offsets.dtype not in INDEX:
         raise TypeError(f"offsets must have dtype int32 or int64; got {offsets.dtype}")
     if offsets.ndim != 1 or offsets.shape[0] < 1:
         raise ValueError(f"offsets must be 1-D of length B + 1 >= 1; got shape {offsets.shape}")
@@ -112,18 +54,12 @@ def _check_offsets_array(offsets, dev: int) -> int:
     return offsets.shape[0] - 1
 
 
-@lru_cache(maxsize=64)
-def _checker(dev, o_dtype):
-    k = _api._get(_compile.JAG_SOURCE, _launch.jagged_check_expr(_OFFSET_CTYPES[o_dtype]), dev, 0)
-    return Launcher(k, _CHECK_ARGS), _api._capacity(k, 256, 0, dev)
-
-
 def _check_offsets_on_gpu(dev, offsets, b: int, total: int, stream: int) -> int:
     """Raises ValueError for bad offsets; returns the longest sequence's rows."""
-    cupy = _cupy()
+    cupy = _runtime.cupy()
     flags = cupy.array([0, 2**64 - 1, 0], dtype=cupy.uint64)
-    launch, capacity = _checker(dev, offsets.dtype)
-    grid = _launch.grid_size(max(1, -(-b // 256)), 1, capacity)
+    launch, capacity = _launcher.jagged_check(dev, offsets.dtype)
+    grid = grid_size(max(1, -(-b // 256)), 1, capacity)
     launch(grid, 256, 0, stream, offsets.data.ptr, b, total, flags.data.ptr)
     bits, first, longest = (int(v) for v in flags.get())
     if bits & 1:
@@ -144,9 +80,9 @@ def _setup(values, offsets, w, b, eps, max_seqlen):
     total, d = _check_values(values)
     dev = values.data.device_id
     nseq = _check_offsets_array(offsets, dev)
-    _check_vector(w, "w", d, dev)
-    _check_vector(b, "b", d, dev)
-    eps = _check_eps(eps)
+    _checks.vector_array(w, "w", d, dev)
+    _checks.vector_array(b, "b", d, dev)
+    eps = _checks.eps(eps)
     if max_seqlen is not None and (isinstance(max_seqlen, bool) or int(max_seqlen) < 1):
         raise ValueError(f"max_seqlen must be a positive int or None; got {max_seqlen!r}")
     return total, d, dev, nseq, eps
@@ -154,11 +90,10 @@ def _setup(values, offsets, w, b, eps, max_seqlen):
 
 def _prepare(values, offsets, w, b):
     """Contiguous values and offsets, aligned w and b."""
-    cupy = _cupy()
+    cupy = _runtime.cupy()
     values = cupy.ascontiguousarray(values)
     offsets = cupy.ascontiguousarray(offsets)
-    w, b = _api._aligned_vector(w), _api._aligned_vector(b)
-    return values, offsets, w, b
+    return values, offsets, aligned_vector(w), aligned_vector(b)
 
 
 def _plan_seqlen(max_seqlen, longest):
@@ -198,25 +133,25 @@ def jagged_forward(values, offsets, w=None, b=None, eps=1e-6, *, max_seqlen=None
     """
     total, d, dev, nseq, eps = _setup(values, offsets, w, b, eps, max_seqlen)
     acc = acc_dtype(values.dtype)
-    cupy = _cupy()
-    with _OnDevice(dev):
+    cupy = _runtime.cupy()
+    with _runtime.OnDevice(dev):
         values, offsets, w, b = _prepare(values, offsets, w, b)
-        stream = _api._current_stream()
+        stream = _runtime.current_stream()
         y = cupy.empty((total, d), values.dtype)
-        vec = _launch.vector_width(values.itemsize, d, (), (values.data.ptr, y.data.ptr))
+        vec = vector_width(values.itemsize, d, (), (values.data.ptr, y.data.ptr))
         wdt = values.dtype if w is None else w.dtype
         bdt = values.dtype if b is None else b.dtype
         longest = max_seqlen
         if check_offsets:
             longest = _check_offsets_on_gpu(dev, offsets, nseq, total, stream)
-        k = _kernels(dev, d, values.dtype, wdt, bdt, offsets.dtype, vec,
+        k = _launcher.jagged(dev, d, values.dtype, wdt, bdt, offsets.dtype, vec,
                      _plan_seqlen(max_seqlen, longest))  # fmt: skip
         mean = cupy.empty(nseq, acc)
         rstd = cupy.empty(nseq, acc)
         if nseq == 0:
             return y, mean, rstd
         x_ptr, o_ptr, y_ptr = values.data.ptr, offsets.data.ptr, y.data.ptr
-        m_ptr, r_ptr, w_ptr, b_ptr = mean.data.ptr, rstd.data.ptr, _ptr(w), _ptr(b)
+        m_ptr, r_ptr, w_ptr, b_ptr = mean.data.ptr, rstd.data.ptr, ptr(w), ptr(b)
         p, groups = k.fwd, k.fwd_groups
         long_path = _long_path(longest, d, p.cap, total)
         chunks = -(-total // p.rows) if long_path else 0
@@ -259,37 +194,32 @@ def jagged_backward(dy, values, offsets, w, mean, rstd, *, bias_dtype=None, max_
         (dx, dw, db): dx like values; dw, db of shape [D], deterministic.
     """
     total, d, dev, nseq, _ = _setup(values, offsets, w, None, 0.0, max_seqlen)
-    _check_array(dy, "dy", dev)
-    if dy.shape != values.shape or dy.dtype != values.dtype:
-        raise ValueError(
-            f"dy must match values ({values.dtype} {values.shape}); got {dy.dtype} {dy.shape}"
-        )
+    _checks.array(dy, "dy", dev)
+    _checks.like(dy.shape, dy.dtype, "dy", values.shape, values.dtype, "values")
     acc = acc_dtype(values.dtype)
     for a, name in ((mean, "mean"), (rstd, "rstd")):
-        _check_array(a, name, dev)
+        _checks.array(a, name, dev)
         if a.dtype != acc or a.shape != (nseq,):
             raise ValueError(f"{name} must be {acc.name} of shape ({nseq},); got {a.dtype} "
                              f"{a.shape}")  # fmt: skip
     wdt = values.dtype if w is None else w.dtype
-    db_dtype = numpy.dtype(bias_dtype) if bias_dtype is not None else wdt
-    if db_dtype not in TABLE:
-        raise TypeError(f"bias_dtype must be one of {', '.join(SUPPORTED_NAMES)}; got {db_dtype}")
-    cupy = _cupy()
-    with _OnDevice(dev):
+    db_dtype = _checks.bias_dtype(bias_dtype, wdt)
+    cupy = _runtime.cupy()
+    with _runtime.OnDevice(dev):
         values, offsets, w, _ = _prepare(values, offsets, w, None)
         dy = cupy.ascontiguousarray(dy)
         mean = cupy.ascontiguousarray(mean)
         rstd = cupy.ascontiguousarray(rstd)
-        stream = _api._current_stream()
+        stream = _runtime.current_stream()
         dx = cupy.empty((total, d), values.dtype)
         dw = None if w is None else cupy.empty(d, wdt)
         db = cupy.empty(d, db_dtype)
         ptrs = (values.data.ptr, dy.data.ptr, dx.data.ptr)
-        vec = _launch.vector_width(values.itemsize, d, (), ptrs)
+        vec = vector_width(values.itemsize, d, (), ptrs)
         longest = None  # the backward has no slow walk: only the check may skip the long path
         if check_offsets:
             longest = _check_offsets_on_gpu(dev, offsets, nseq, total, stream)
-        k = _kernels(dev, d, values.dtype, wdt, db_dtype, offsets.dtype, vec,
+        k = _launcher.jagged(dev, d, values.dtype, wdt, db_dtype, offsets.dtype, vec,
                      _plan_seqlen(max_seqlen, longest))  # fmt: skip
         if total == 0:
             db.fill(0)
@@ -297,7 +227,7 @@ def jagged_backward(dy, values, offsets, w, mean, rstd, *, bias_dtype=None, max_
                 dw.fill(0)
             return dx, dw, db
         x_ptr, g_ptr, dx_ptr = ptrs
-        o_ptr, w_ptr, m_ptr, r_ptr = offsets.data.ptr, _ptr(w), mean.data.ptr, rstd.data.ptr
+        o_ptr, w_ptr, m_ptr, r_ptr = offsets.data.ptr, ptr(w), mean.data.ptr, rstd.data.ptr
         p = k.bwd
         long_path = _long_path(longest, d, p.cap, total)
         chunks = -(-total // p.rows) if long_path else 0
@@ -320,12 +250,13 @@ def jagged_backward(dy, values, offsets, w, mean, rstd, *, bias_dtype=None, max_
         rows = cupy.empty((2, total), acc)
         rm, rr = rows.data.ptr, rows.data.ptr + total * acc.itemsize
         k("expand", -(-total // 256), stream, o_ptr, nseq, m_ptr, r_ptr, rm, rr)
-        g, per = _launch.dwdb_slices(total, d, _api._device(dev).sm_count)
+        g, per = bwd.dwdb_slices(total, d, k.sm_count)
         part = cupy.empty((2, g, d), acc)
         dw_part = part.data.ptr if w is not None else 0
         db_part = part.data.ptr + g * d * acc.itemsize
-        k.cols((-(-d // 32), g), _launch.REDUCE_BLOCK, 0, stream, g_ptr, d, x_ptr, d, rm, rr,
-               dw_part, db_part, total, d, per)  # fmt: skip
-        red, red_grid, red_block = _api.partial_reduce(dev, d, *k.dtypes, g)
-        red(red_grid, red_block, 0, stream, dw_part, db_part, g, d, _ptr(dw), db.data.ptr)
+        # the dense backward's column kernel (BwdArgs: no w, no dx, 1 / N unused)
+        k.cols((-(-d // 32), g), bwd.REDUCE_BLOCK, 0, stream, g_ptr, d, x_ptr, d, 0, rm, rr, 0,
+               dw_part, db_part, total, d, 0.0, per)  # fmt: skip
+        red, red_grid, red_block = _launcher.partial_reduce(dev, d, *k.dtypes, g)
+        red(red_grid, red_block, 0, stream, dw_part, db_part, g, d, ptr(dw), db.data.ptr)
     return dx, dw, db

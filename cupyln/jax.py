@@ -35,8 +35,8 @@ except ImportError as err:  # pragma: no cover - depends on the environment
 
 import numpy
 
-from . import _api
-from ._dtypes import SUPPORTED_NAMES, TABLE, acc_dtype
+from . import _checks, _launcher, _runtime
+from ._dtypes import acc_dtype
 
 __all__ = ["layer_norm"]
 
@@ -92,10 +92,10 @@ def _forward_call(m, n, x_dtype, w_dtype, b_dtype, eps):
         w = wb.pop(0) if w_dtype is not None else None
         b = wb.pop(0) if b_dtype is not None else None
         keep: list = []
-        with _api._OnDevice(dev), _api.external_stream(dev, ctx.stream):
+        with _runtime.OnDevice(dev), _runtime.external_stream(dev, ctx.stream):
             w_ptr = 0 if w is None else _aligned(_ptr(w), n * w_dtype.itemsize, keep)
             b_ptr = 0 if b is None else _aligned(_ptr(b), n * b_dtype.itemsize, keep)
-            _api.launch_forward(
+            _launcher.launch_forward(
                 dev, m, n, x_ptr, n, x_dtype, _ptr(y), w_ptr, w_dtype or x_dtype, b_ptr,
                 b_dtype or x_dtype, _ptr(mean), _ptr(rstd), eps, ctx.stream,
             )  # fmt: skip
@@ -118,11 +118,12 @@ def _backward_call(m, n, x_dtype, w_dtype, db_dtype):
         x_ptr, dy_ptr, dx_ptr = _ptr(x), _ptr(dy), _ptr(dx)
         dev = _device_of(x_ptr)
         keep: list = []
-        with _api._OnDevice(dev), _api.external_stream(dev, ctx.stream):
+        with _runtime.OnDevice(dev), _runtime.external_stream(dev, ctx.stream):
             w_ptr = _aligned(_ptr(w[0]), n * wdt.itemsize, keep) if w else 0
-            _api.launch_backward(
+            _launcher.launch_backward(
                 dev, m, n, dy_ptr, n, x_ptr, n, x_dtype, w_ptr, wdt, _ptr(mean), _ptr(rstd),
-                dx_ptr, _ptr(dw) if w else 0, _ptr(db), db_dtype, _api.pool_workspace, ctx.stream,
+                dx_ptr, _ptr(dw) if w else 0, _ptr(db), db_dtype, _runtime.pool_workspace,
+                ctx.stream,
             )  # fmt: skip
             del keep  # back to the pool, ordered on XLA's stream
 
@@ -168,10 +169,9 @@ def _check(a, name: str, n: int | None = None):
         return None
     if not hasattr(a, "dtype") or not hasattr(a, "shape"):
         raise TypeError(f"{name} must be a JAX array; got {type(a).__name__}")
-    if numpy.dtype(a.dtype) not in TABLE:
-        raise TypeError(f"{name} must have dtype {', '.join(SUPPORTED_NAMES)}; got {a.dtype}")
-    if n is not None and tuple(a.shape) != (n,):
-        raise ValueError(f"{name} must have shape ({n},) to match x.shape[-1]; got {a.shape}")
+    _checks.dtype(numpy.dtype(a.dtype), name)
+    if n is not None:
+        _checks.vector(a.shape, name, n)
     return jnp.asarray(a)
 
 
@@ -186,7 +186,8 @@ def _check_device(a, name: str) -> None:
         raise ValueError(f"{name} must be on a GPU; got an array on {sorted(platforms)}")
 
 
-def layer_norm(x, weight=None, bias=None, eps: float = 1e-5):
+def layer_norm(x: jax.Array, weight: jax.Array | None = None, bias: jax.Array | None = None,
+               eps: float = 1e-5) -> jax.Array:  # fmt: skip
     """LayerNorm over the last dimension of ``x`` with cupyln's kernels (differentiable).
 
     Args:
@@ -199,10 +200,10 @@ def layer_norm(x, weight=None, bias=None, eps: float = 1e-5):
         backward: dw/db in the weight's/bias's dtype, deterministic.
     """
     x = _check(x, "x")
-    n = _api._check_width(x.shape, "x")
+    n = _checks.width(x.shape, "x")
     weight = _check(weight, "weight", n)
     bias = _check(bias, "bias", n)
-    eps = _api._check_eps(eps)
+    eps = _checks.eps(eps)
     for a, name in ((x, "x"), (weight, "weight"), (bias, "bias")):
         _check_device(a, name)
     m = math.prod(x.shape[:-1])

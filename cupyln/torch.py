@@ -15,7 +15,9 @@ allocator. Each new row width or dtype compiles its kernels on first use (cached
 CuPy): run a model once before capturing it in a CUDA graph.
 
 Under ``torch.autocast`` the layer behaves as ``torch.nn.functional.layer_norm`` does there: the
-input, weight and bias are taken in float32 and the output is float32.
+input, weight and bias are taken in float32 and the output is float32. On CPU tensors
+``layer_norm`` and ``LayerNorm`` are ``torch.nn.functional.layer_norm`` itself, so a model whose
+norms were replaced still runs on the CPU.
 """
 
 import math
@@ -23,7 +25,7 @@ from typing import Optional
 
 import torch
 
-from . import _api
+from . import _checks, _launcher, _runtime
 from ._dtypes import BFLOAT16, FLOAT16, FLOAT32, FLOAT64
 
 __all__ = ["layer_norm", "LayerNorm", "replace_layer_norms", "forward", "backward",
@@ -36,7 +38,6 @@ _NP = {
     torch.bfloat16: BFLOAT16,
     torch.float64: FLOAT64,
 }
-_NAMES = "float32, float16, bfloat16, float64"
 
 
 def _acc(dtype: torch.dtype) -> torch.dtype:
@@ -47,8 +48,7 @@ def _check(t, name: str, like=None) -> None:
     """t is a CUDA tensor of a supported dtype (on the device of the tensor ``like``)."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor; got {type(t).__name__}")
-    if t.dtype not in _NP:
-        raise TypeError(f"{name} must have dtype {_NAMES}; got {t.dtype}")
+    _checks.dtype(_NP.get(t.dtype, t.dtype), name)
     if not t.is_cuda:
         raise ValueError(f"{name} must be a CUDA tensor; got a tensor on {t.device}")
     if like is not None and t.get_device() != like.get_device():
@@ -70,7 +70,7 @@ def _rows(t: torch.Tensor):
     """(tensor, row stride in elements): rows at one stride in place, other layouts copied."""
     if t.is_contiguous():
         return t, t.shape[-1]
-    stride = _api.row_stride(tuple(t.shape), t.stride())
+    stride = _checks.row_stride(tuple(t.shape), t.stride())
     if stride is None:
         t = t.contiguous()
         stride = t.shape[-1]
@@ -80,15 +80,14 @@ def _rows(t: torch.Tensor):
 def _check_input(x) -> None:
     """x is a CUDA tensor of a supported dtype whose rows the kernels' int32 columns index."""
     _check(x, "input")
-    _api._check_width(x.shape, "input")
+    _checks.width(x.shape, "input")
 
 
 def _check_vector(t, name: str, x) -> None:
     """t is None or a CUDA tensor of shape (N,) on x's device (N: x's last dimension)."""
     if t is not None:
         _check(t, name, x)
-        if t.shape != x.shape[-1:]:
-            raise ValueError(f"{name} must have shape ({x.shape[-1]},); got {tuple(t.shape)}")
+        _checks.vector(t.shape, name, x.shape[-1])
 
 
 def _vector(t):
@@ -105,8 +104,7 @@ def _ptr(t) -> int:
 
 def _row_stats(x, dtype: torch.dtype) -> torch.Tensor:
     """An empty tensor of x's rows' shape (``x.shape[:-1]``) and ``dtype`` on x's device. The
-    sizes go to torch.empty as separate ints, which it parses in about half the host time of a
-    torch.Size (docs/benchmark-log.md, the torch functions' host time)."""
+    sizes go to torch.empty as separate ints, which it parses faster than a torch.Size."""
     lead = x.shape[:-1]
     if not lead:
         return x.new_empty((), dtype=dtype)
@@ -121,7 +119,7 @@ def _fwd_impl(
     _check_input(x)
     _check_vector(weight, "weight", x)
     _check_vector(bias, "bias", x)
-    eps = _api._check_eps(eps)
+    eps = _checks.eps(eps)
     y = torch.empty_like(x, memory_format=torch.contiguous_format)
     acc = _acc(x.dtype)
     mean, rstd = _row_stats(x, acc), _row_stats(x, acc)
@@ -139,7 +137,7 @@ def _forward_into(x, weight, bias, eps, y, mean_ptr: int, rstd_ptr: int) -> None
     xdt = _NP[x.dtype]
     index = x.get_device()
     _on_device(
-        index, _api.launch_forward, m, n, x.data_ptr(), stride, xdt, y.data_ptr(),
+        index, _launcher.launch_forward, m, n, x.data_ptr(), stride, xdt, y.data_ptr(),
         _ptr(weight), xdt if weight is None else _NP[weight.dtype],
         _ptr(bias), xdt if bias is None else _NP[bias.dtype],
         mean_ptr, rstd_ptr, eps, _stream(index),
@@ -148,10 +146,10 @@ def _forward_into(x, weight, bias, eps, y, mean_ptr: int, rstd_ptr: int) -> None
 
 def _on_device(index: int, launch, *args) -> None:
     """``launch(index, *args)`` with device ``index`` current (made so only where it is not)."""
-    if _api.device_is_current(index):
+    if _runtime.is_current(index):
         launch(index, *args)
     else:
-        with _api._OnDevice(index):
+        with _runtime.OnDevice(index):
             launch(index, *args)
 
 
@@ -175,19 +173,11 @@ def _bwd_impl(
     there is no weight; db has the weight's dtype (x's without a weight)."""
     _check_input(x)
     _check(dy, "grad_output", x)
-    if dy.shape != x.shape or dy.dtype != x.dtype:
-        raise ValueError(
-            f"grad_output must match the input ({x.dtype} {tuple(x.shape)}); "
-            f"got {dy.dtype} {tuple(dy.shape)}"
-        )
+    _checks.like(dy.shape, dy.dtype, "grad_output", x.shape, x.dtype, "input")
     _check_vector(weight, "weight", x)
     for t, name in ((mean, "mean"), (rstd, "rstd")):
         _check(t, name, x)
-        if t.shape != x.shape[:-1]:
-            raise ValueError(
-                f"{name} must have the shape of the input's rows {tuple(x.shape[:-1])}; "
-                f"got {tuple(t.shape)}"
-            )
+        _checks.statistics(t.shape, t.dtype, name, x.shape[:-1], None, x.dtype, "input")
     n = x.shape[-1]
     wdt = x.dtype if weight is None else weight.dtype
     dx = torch.empty_like(x, memory_format=torch.contiguous_format)
@@ -216,7 +206,7 @@ def _backward_into(dy, x, weight, mean_ptr: int, rstd_ptr: int, dx, dw, db) -> N
     index = x.get_device()
     wnp = _NP[db.dtype]
     _on_device(
-        index, _api.launch_backward, m, n, dy.data_ptr(), gs, x.data_ptr(), xs, _NP[x.dtype],
+        index, _launcher.launch_backward, m, n, dy.data_ptr(), gs, x.data_ptr(), xs, _NP[x.dtype],
         _ptr(weight), wnp, mean_ptr, rstd_ptr, dx.data_ptr(),
         _ptr(dw) if weight is not None else 0, db.data_ptr(), wnp, _workspace(index),
         _stream(index),
@@ -269,11 +259,10 @@ def _needs_grad(a, b, c) -> bool:
 
 # The ops are defined with torch.library's lower-level API rather than torch.library.custom_op:
 # the same schema, fake and autograd registrations, without custom_op's generic wrappers
-# around each call (an aliasing check of the outputs, an argument-flattening autograd kernel):
-# 11-13% less host time per call without gradients, 30% less with them (docs/benchmark-log.md, the
-# torch ops). The kernels below the autograd key are the implementations themselves, at
-# CompositeExplicitAutograd as custom_op registers them, so a tensor off the GPU reaches
-# _check's error.
+# around each call (an aliasing check of the outputs, an argument-flattening autograd kernel),
+# which cost host time on every call. The kernels below the autograd key are the
+# implementations themselves, at CompositeExplicitAutograd as custom_op registers them, so a
+# tensor off the GPU reaches _check's error.
 _lib = torch.library.Library("cupyln", "DEF")
 _lib.define(
     "layer_norm_fwd(Tensor x, Tensor? weight, Tensor? bias, float eps) -> (Tensor, Tensor, Tensor)",
@@ -348,9 +337,8 @@ _lib.impl("layer_norm_bwd", _bwd_autograd, "Autograd")
 
 class _Eager(torch.autograd.Function):
     """The same forward and backward as the custom ops, for eager calls: an autograd.Function
-    skips the dispatcher's round trips through the op registry (a few microseconds of CPU time
-    per call, measured in docs/benchmark-log.md). torch.compile and functorch transforms see
-    the ops."""
+    skips the dispatcher's round trips through the op registry (host time on every call).
+    torch.compile and functorch transforms see the ops."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, eps):
@@ -423,10 +411,19 @@ def _eager() -> bool:
 
 
 # ------------------------------------------------------------------ public API
-def layer_norm(input, normalized_shape, weight=None, bias=None, eps: float = 1e-5):
+def layer_norm(
+    input: torch.Tensor,
+    normalized_shape,
+    weight: Optional[torch.Tensor] = None,
+    bias: Optional[torch.Tensor] = None,
+    eps: float = 1e-5,
+) -> torch.Tensor:
     """``torch.nn.functional.layer_norm`` with cupyln's kernels (CUDA tensors of float32,
-    float16, bfloat16 or float64; weight and bias may have their own dtypes)."""
+    float16, bfloat16 or float64; weight and bias may have their own dtypes). CPU tensors go
+    to ``torch.nn.functional.layer_norm`` itself."""
     shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    if isinstance(input, torch.Tensor) and input.device.type == "cpu":
+        return torch.nn.functional.layer_norm(input, shape, weight, bias, eps)
     _check(input, "input")
     k = len(shape)
     if k == 0 or input.dim() < k or input.shape[-k:] != shape:
@@ -439,7 +436,7 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps: float = 1e-
             _check(t, name, input)
             if t.shape != shape:
                 raise ValueError(f"{name} must have shape {list(shape)}; got {list(t.shape)}")
-    eps = _api._check_eps(eps)
+    eps = _checks.eps(eps)
     if torch.is_autocast_enabled("cuda"):  # as F.layer_norm: float32 in, float32 out
         input = input.float()
         weight = None if weight is None else weight.float()
@@ -452,8 +449,8 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps: float = 1e-
         x = input.reshape(*input.shape[: input.dim() - k], n)
         w = None if weight is None else weight.reshape(n)
         b = None if bias is None else bias.reshape(n)
-    if n > _api._MAX_N:  # the kernels' columns are int32
-        raise ValueError(f"normalized_shape must hold at most {_api._MAX_N} elements; got {n}")
+    if n > _checks.MAX_N:  # the kernels' columns are int32
+        raise ValueError(f"normalized_shape must hold at most {_checks.MAX_N} elements; got {n}")
     if _eager():
         y = _eager_apply(x, w, b, eps) if _needs_grad(x, w, b) else _inference(x, w, b, eps)
     else:
@@ -461,7 +458,12 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps: float = 1e-
     return y if k == 1 else y.reshape(input.shape)
 
 
-def forward(x, weight=None, bias=None, eps: float = 1e-5):
+def forward(
+    x: torch.Tensor,
+    weight: Optional[torch.Tensor] = None,
+    bias: Optional[torch.Tensor] = None,
+    eps: float = 1e-5,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``cupyln.forward`` on torch CUDA tensors: ``(y, mean, rstd)`` of LayerNorm over the last
     dimension of x, launched on torch's current stream. No autograd: for code that keeps the
     statistics for its own backward (an ``autograd.Function`` of its own); ``layer_norm``
@@ -472,10 +474,16 @@ def forward(x, weight=None, bias=None, eps: float = 1e-5):
         return _fwd_impl(x, weight, bias, eps)
     weight = None if weight is None else weight.detach()
     bias = None if bias is None else bias.detach()
-    return _FWD(x.detach(), weight, bias, _api._check_eps(eps))
+    return _FWD(x.detach(), weight, bias, _checks.eps(eps))
 
 
-def backward(dy, x, weight, mean, rstd):
+def backward(
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    weight: Optional[torch.Tensor],
+    mean: torch.Tensor,
+    rstd: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``cupyln.backward`` on torch CUDA tensors: ``(dx, dw, db)`` at the statistics that
     ``forward`` returned, without autograd. dx is like x; dw (empty without a weight) and db
     have the weight's dtype (x's without one), summed in a fixed order (deterministic). Under
@@ -488,9 +496,10 @@ def backward(dy, x, weight, mean, rstd):
 
 class LayerNorm(torch.nn.LayerNorm):
     """``torch.nn.LayerNorm`` computed by cupyln: the same constructor, parameters and
-    ``state_dict`` (a checkpoint loads either way), and ``isinstance(m, nn.LayerNorm)``."""
+    ``state_dict`` (a checkpoint loads either way), and ``isinstance(m, nn.LayerNorm)``; on CPU
+    tensors it runs ``torch.nn.functional.layer_norm``."""
 
-    def forward(self, input):
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
         return layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps)
 
 
@@ -516,7 +525,7 @@ class _OnTorchStream:
 
     def __enter__(self):
         self._device.__enter__()
-        self._stream = _api.external_stream(self._index, _stream(self._index))
+        self._stream = _runtime.external_stream(self._index, _stream(self._index))
         self._stream.__enter__()
 
     def __exit__(self, *exc):
@@ -566,8 +575,14 @@ def _api_jagged():
     return _jagged
 
 
-def jagged_layer_norm(input, offsets=None, weight=None, bias=None, eps: float = 1e-6,
-                      max_seqlen: Optional[int] = None):  # fmt: skip
+def jagged_layer_norm(
+    input: torch.Tensor,
+    offsets: Optional[torch.Tensor] = None,
+    weight: Optional[torch.Tensor] = None,
+    bias: Optional[torch.Tensor] = None,
+    eps: float = 1e-6,
+    max_seqlen: Optional[int] = None,
+) -> torch.Tensor:
     """Jagged LayerNorm (each sequence normalized over all its elements) on torch tensors.
 
     ``input`` is either a nested tensor of layout ``torch.jagged`` ([B, j, D]; ``offsets``

@@ -17,9 +17,10 @@
 // of one) is written by exactly one block, whole (zeros when it owned no row); rows are visited
 // in a fixed order and all sums, across a cluster's blocks too, are in a fixed order, so the
 // same inputs give bitwise-identical dx, dw and db. No atomics anywhere.
+#include "args.cuh"
+#include "cluster.cuh"
 #include "common.cuh"
 #include "ring.cuh"
-#include "cluster.cuh"
 
 namespace cupyln {
 
@@ -471,13 +472,7 @@ template <typename T, typename TW, int VEC, int ITEMS, int TPR, int BLOCK, bool 
           bool SHARED_SUMS, bool STAGE_W>
 __global__ void __launch_bounds__(
     BLOCK, BwdRegBlocks<T, ITEMS, VEC, TPR, BLOCK, SHARED_SUMS, STAGE_W>::value)
-    ln_bwd_reg(const T* __restrict__ dy, const i64 dy_stride, const T* __restrict__ x,
-               const i64 x_stride, const TW* __restrict__ w,
-               const typename AccOf<T>::type* __restrict__ mean,
-               const typename AccOf<T>::type* __restrict__ rstd, T* __restrict__ dx,
-               typename AccOf<T>::type* __restrict__ dw_part,
-               typename AccOf<T>::type* __restrict__ db_part, const i64 M, const int N,
-               const typename AccOf<T>::type inv_n) {
+    ln_bwd_reg(CUPYLN_BWD_PARAMS) {
   release_dependents();  // ln_partial_reduce, launched after it, waits for the whole grid
   bwd_reg_rows<T, TW, VEC, ITEMS, TPR, BLOCK, AHEAD, SHARED_SUMS, 1, STAGE_W>(
       dy, dy_stride, x, x_stride, w, mean, rstd, dx, dw_part, db_part, M, N, inv_n, nullptr);
@@ -485,13 +480,7 @@ __global__ void __launch_bounds__(
 
 template <typename T, typename TW, int VEC, int ITEMS, int BLOCK, int C, bool STAGE_W>
 __global__ void CUPYLN_CLUSTER(C) __launch_bounds__(BLOCK, LagBlocks<BLOCK>::value)
-    ln_bwd_reg_cluster(const T* __restrict__ dy, const i64 dy_stride, const T* __restrict__ x,
-                       const i64 x_stride, const TW* __restrict__ w,
-                       const typename AccOf<T>::type* __restrict__ mean,
-                       const typename AccOf<T>::type* __restrict__ rstd, T* __restrict__ dx,
-                       typename AccOf<T>::type* __restrict__ dw_part,
-                       typename AccOf<T>::type* __restrict__ db_part, const i64 M, const int N,
-                       const typename AccOf<T>::type /* inv_n */) {
+    ln_bwd_reg_cluster(CUPYLN_BWD_PARAMS) {
   typedef typename AccOf<T>::type A;
   __shared__ A xch[4 * C * 2];  // four slots of two sums a block
   release_dependents();
@@ -667,13 +656,7 @@ __device__ __forceinline__ void bwd_ring_rows(
 
 template <typename T, typename TW, int VEC, int ITEMS, int BLOCK>
 __global__ void __launch_bounds__(BLOCK, 1)
-    ln_bwd_ring(const T* __restrict__ dy, const i64 dy_stride, const T* __restrict__ x,
-                const i64 x_stride, const TW* __restrict__ w,
-                const typename AccOf<T>::type* __restrict__ mean,
-                const typename AccOf<T>::type* __restrict__ rstd, T* __restrict__ dx,
-                typename AccOf<T>::type* __restrict__ dw_part,
-                typename AccOf<T>::type* __restrict__ db_part, const i64 M, const int N,
-                const typename AccOf<T>::type inv_n) {
+    ln_bwd_ring(CUPYLN_BWD_PARAMS) {
   release_dependents();
   bwd_ring_rows<T, TW, VEC, ITEMS, BLOCK, 1, 0>(dy, dy_stride, x, x_stride, w, mean, rstd,
                                                 dx, dw_part, db_part, M, N, inv_n);
@@ -681,13 +664,7 @@ __global__ void __launch_bounds__(BLOCK, 1)
 
 template <typename T, typename TW, int VEC, int ITEMS, int BLOCK, int C, int LAG>
 __global__ void CUPYLN_CLUSTER(C) __launch_bounds__(BLOCK, 1)
-    ln_bwd_cluster(const T* __restrict__ dy, const i64 dy_stride, const T* __restrict__ x,
-                   const i64 x_stride, const TW* __restrict__ w,
-                   const typename AccOf<T>::type* __restrict__ mean,
-                   const typename AccOf<T>::type* __restrict__ rstd, T* __restrict__ dx,
-                   typename AccOf<T>::type* __restrict__ dw_part,
-                   typename AccOf<T>::type* __restrict__ db_part, const i64 M, const int N,
-                   const typename AccOf<T>::type inv_n) {
+    ln_bwd_cluster(CUPYLN_BWD_PARAMS) {
   release_dependents();
   bwd_ring_rows<T, TW, VEC, ITEMS, BLOCK, C, LAG>(dy, dy_stride, x, x_stride, w, mean, rstd,
                                                   dx, dw_part, db_part, M, N, inv_n);
@@ -701,11 +678,7 @@ __global__ void CUPYLN_CLUSTER(C) __launch_bounds__(BLOCK, 1)
 // Limits: any N < 2^31 - UNROLL * BLOCK * VEC.
 template <typename T, typename TW, int VEC, int BLOCK, bool STAGE>
 __global__ void __launch_bounds__(BLOCK, 1)
-    ln_bwd_row(const T* __restrict__ dy, const i64 dy_stride, const T* __restrict__ x,
-               const i64 x_stride, const TW* __restrict__ w,
-               const typename AccOf<T>::type* __restrict__ mean,
-               const typename AccOf<T>::type* __restrict__ rstd, T* __restrict__ dx,
-               const i64 M, const int N) {
+    ln_bwd_row(CUPYLN_BWD_PARAMS) {
   typedef typename AccOf<T>::type A;
   static_assert(BLOCK % 32 == 0 && BLOCK <= 1024, "bad block");
   constexpr int UNROLL = 4;
@@ -714,7 +687,7 @@ __global__ void __launch_bounds__(BLOCK, 1)
   T* stage_x = reinterpret_cast<T*>(dyn_smem);
   T* stage_g = stage_x + N;  // N is a multiple of VEC, so stage_g keeps the pack alignment
   __shared__ A red[2 * (BLOCK / 32)];
-  const A inv_n = A(1) / A(N);
+  const A inv_cols = A(1) / A(N);
 
   for (i64 row = blockIdx.x; row < M; row += gridDim.x) {
     const T* __restrict__ xr = x + row * x_stride;
@@ -755,7 +728,7 @@ __global__ void __launch_bounds__(BLOCK, 1)
       }
     }
     group_sum2<BLOCK>(s1, s2, red);
-    const A c1 = s1 * inv_n, c2 = s2 * inv_n;
+    const A c1 = s1 * inv_cols, c2 = s2 * inv_cols;
 
     const T* __restrict__ src_x = STAGE ? stage_x : xr;
     const T* __restrict__ src_g = STAGE ? stage_g : gr;
@@ -793,14 +766,9 @@ __global__ void __launch_bounds__(BLOCK, 1)
 //   Block (32, 8): threadIdx.x picks a column of the tile, threadIdx.y strides over the rows of
 //   slice blockIdx.y (rows [blockIdx.y * rows_per_slice, +rows_per_slice)). The 8 partial sums
 //   are added in y order and the block writes row blockIdx.y of dw_part / db_part.
-template <typename T>
+template <typename T, typename TW = T>
 __global__ void __launch_bounds__(256, 1)
-    ln_bwd_dwdb_cols(const T* __restrict__ dy, const i64 dy_stride, const T* __restrict__ x,
-                     const i64 x_stride, const typename AccOf<T>::type* __restrict__ mean,
-                     const typename AccOf<T>::type* __restrict__ rstd,
-                     typename AccOf<T>::type* __restrict__ dw_part,
-                     typename AccOf<T>::type* __restrict__ db_part, const i64 M, const int N,
-                     const i64 rows_per_slice) {
+    ln_bwd_dwdb_cols(CUPYLN_BWD_PARAMS) {
   typedef typename AccOf<T>::type A;
   release_dependents();
   const int col = blockIdx.x * 32 + threadIdx.x;

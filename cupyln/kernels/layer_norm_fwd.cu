@@ -27,9 +27,11 @@
 // the register tier that fit shared memory take the ring tier, kernels/jagged.cu ln_fwd_ring
 // (the next rows load while one is reduced), and rows too wide for one block's ring the
 // cluster tier below (sm_90); cupyln/_launch.py chooses.
+#include "args.cuh"
+#include "cluster.cuh"
 #include "common.cuh"
 #include "ring.cuh"
-#include "cluster.cuh"
+#include "ring_forward.cuh"
 
 namespace cupyln {
 
@@ -111,11 +113,7 @@ __device__ __forceinline__ void center(Pack<A, VEC> (&dst)[ITEMS], const S (&src
 template <typename T, typename TW, typename TB, int VEC, int ITEMS, int TPR, int BLOCK, int MINB,
           bool CENTER, int WHOLE>
 __global__ void __launch_bounds__(BLOCK, MINB)
-    ln_fwd_reg(const T* __restrict__ x, const i64 x_stride, T* __restrict__ y,
-               const TW* __restrict__ w, const TB* __restrict__ b,
-               typename AccOf<T>::type* __restrict__ mean,
-               typename AccOf<T>::type* __restrict__ rstd, const i64 M, const int N,
-               const typename AccOf<T>::type eps) {
+    ln_fwd_reg(CUPYLN_FWD_PARAMS) {
   typedef typename AccOf<T>::type A;
   typedef Pack<T, VEC> P;
   static_assert(TPR <= 32 ? (32 % TPR == 0 && BLOCK % 32 == 0) : TPR == BLOCK, "bad tiling");
@@ -230,11 +228,7 @@ __global__ void __launch_bounds__(BLOCK, MINB)
 template <typename T, typename TW, typename TB, int VEC, int TPR, int BLOCK, int NCH, int MINB,
           bool PARTIAL, bool ROLL, bool COHERENT_WB, bool HAS_W, bool HAS_B>
 __global__ void __launch_bounds__(BLOCK, MINB)
-    ln_fwd_stream(const T* __restrict__ x, const i64 x_stride, T* __restrict__ y,
-                  const TW* __restrict__ w, const TB* __restrict__ b,
-                  typename AccOf<T>::type* __restrict__ mean,
-                  typename AccOf<T>::type* __restrict__ rstd, const i64 M, const int N,
-                  const typename AccOf<T>::type eps) {
+    ln_fwd_stream(CUPYLN_FWD_PARAMS) {
   typedef typename AccOf<T>::type A;
   typedef Pack<T, VEC> P;
   static_assert(sizeof(P) == 16 && BLOCK % 32 == 0 && BLOCK <= 1024 && NCH >= 1, "bad tiling");
@@ -359,11 +353,7 @@ __global__ void __launch_bounds__(BLOCK, MINB)
 template <typename T, typename TW, typename TB, int VEC, int ITEMS, int BLOCK, int C, int MINB,
           bool STAGE_WB = false, bool LAG = false>
 __global__ void CUPYLN_CLUSTER(C) __launch_bounds__(BLOCK, MINB)
-    ln_fwd_reg_cluster(const T* __restrict__ x, const i64 x_stride, T* __restrict__ y,
-                       const TW* __restrict__ w, const TB* __restrict__ b,
-                       typename AccOf<T>::type* __restrict__ mean,
-                       typename AccOf<T>::type* __restrict__ rstd, const i64 M, const int N,
-                       const typename AccOf<T>::type eps) {
+    ln_fwd_reg_cluster(CUPYLN_FWD_PARAMS) {
   typedef typename AccOf<T>::type A;
   typedef Pack<T, VEC> P;
   static_assert(BLOCK % 32 == 0 && BLOCK > 32 && BLOCK <= 1024 && C <= 32, "bad block");
@@ -464,6 +454,28 @@ __global__ void CUPYLN_CLUSTER(C) __launch_bounds__(BLOCK, MINB)
   }
 }
 
+// Tier "ring": rows of x [M, N] through the staging rings of ring_forward.cuh, each row a sequence of one row, group q of
+// the G groups taking rows [q*M/G, (q+1)*M/G). The dynamic shared memory is split evenly into
+// the BLOCK/GROUP groups' rings; each must hold a row (the host's plan sees to it).
+template <typename T, typename TW, typename TB, int VEC, int BLOCK, int GROUP>
+__global__ void __launch_bounds__(BLOCK, RingBlocks<T, BLOCK>::value)
+    ln_fwd_ring(CUPYLN_FWD_PARAMS) {
+  typedef typename AccOf<T>::type A;
+  typedef Pack<T, VEC> P;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  __shared__ A red[2 * (BLOCK / 32)];
+  unsigned smem_bytes;
+  asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(smem_bytes));
+  constexpr int GROUPS = BLOCK / GROUP;
+  const int ring = static_cast<int>(smem_bytes / (GROUPS * sizeof(P)));
+  const i64 G = static_cast<i64>(gridDim.x) * GROUPS;
+  const i64 g = static_cast<i64>(blockIdx.x) * GROUPS + threadIdx.x / GROUP;
+  P* slots = reinterpret_cast<P*>(smem_raw) + (threadIdx.x / GROUP) * ring;
+  ring_forward<T, TW, TB, DenseRows, VEC, BLOCK, GROUP>(
+      x, x_stride, static_cast<const DenseRows*>(nullptr), g * M / G, (g + 1) * M / G, N, y, w,
+      b, mean, rstd, eps, static_cast<i64>(N), slots, ring, 0, nullptr, red);
+}
+
 // Tier "row": one block per row for rows too wide for registers.
 //   Each thread walks columns threadIdx.x * VEC + j * BLOCK * VEC, UNROLL vectors at a time
 //   (their loads are all issued before the first is used). With STAGE, the first pass copies
@@ -474,11 +486,7 @@ __global__ void CUPYLN_CLUSTER(C) __launch_bounds__(BLOCK, MINB)
 // Limits: any N < 2^31 - UNROLL * BLOCK * VEC.
 template <typename T, typename TW, typename TB, int VEC, int BLOCK, bool STAGE>
 __global__ void __launch_bounds__(BLOCK, 1)
-    ln_fwd_row(const T* __restrict__ x, const i64 x_stride, T* __restrict__ y,
-               const TW* __restrict__ w, const TB* __restrict__ b,
-               typename AccOf<T>::type* __restrict__ mean,
-               typename AccOf<T>::type* __restrict__ rstd, const i64 M, const int N,
-               const typename AccOf<T>::type eps) {
+    ln_fwd_row(CUPYLN_FWD_PARAMS) {
   typedef typename AccOf<T>::type A;
   static_assert(BLOCK % 32 == 0 && BLOCK <= 1024, "bad block");
   typedef Pack<T, VEC> P;
@@ -538,11 +546,7 @@ __global__ void __launch_bounds__(BLOCK, 1)
 // Limits: one row's slice fits the ring (the host sizes the ring to a third of the SM).
 template <typename T, typename TW, typename TB, int VEC, int BLOCK, int C>
 __global__ void CUPYLN_CLUSTER(C) __launch_bounds__(BLOCK, 1)
-    ln_fwd_cluster(const T* __restrict__ x, const i64 x_stride, T* __restrict__ y,
-                   const TW* __restrict__ w, const TB* __restrict__ b,
-                   typename AccOf<T>::type* __restrict__ mean,
-                   typename AccOf<T>::type* __restrict__ rstd, const i64 M, const int N,
-                   const typename AccOf<T>::type eps) {
+    ln_fwd_cluster(CUPYLN_FWD_PARAMS) {
   typedef typename AccOf<T>::type A;
   typedef Pack<T, VEC> P;
   static_assert(BLOCK % 32 == 0 && BLOCK <= 1024 && C <= 32, "bad block");

@@ -1,0 +1,150 @@
+"""The argument checks of the CuPy API and of both bridges: each raises a TypeError or
+ValueError that names the argument, what was expected and what came, before anything is
+allocated or launched. The framework-neutral checks take shapes, dtypes and numbers; the
+bridges check that a tensor is theirs and on a GPU, then call these."""
+
+from __future__ import annotations
+
+import math
+
+import numpy
+
+from . import _runtime
+from ._dtypes import SUPPORTED_NAMES, TABLE
+
+MAX_N = 2**31 - 2**16  # columns are int32 in the kernels, with room for one block's stride
+
+
+def eps(value) -> float:
+    """eps as a float: a finite real number >= 0."""
+    if type(value) is float and 0.0 <= value < math.inf:  # the usual case, one test
+        return value
+    if isinstance(value, bool) or not isinstance(
+        value, (int, float, numpy.integer, numpy.floating)
+    ):
+        raise TypeError(f"eps must be a real number; got {type(value).__name__}")
+    value = float(value)
+    if not (math.isfinite(value) and value >= 0.0):
+        raise ValueError(f"eps must be finite and >= 0; got {value}")
+    return value
+
+
+def width(shape, name: str) -> int:
+    """N of an input of this shape: rows of 1 to MAX_N elements."""
+    if len(shape) == 0:
+        raise ValueError(f"{name} must have at least one dimension (..., N); got a 0-d array")
+    n = shape[-1]
+    if not 1 <= n <= MAX_N:
+        raise ValueError(f"{name}.shape[-1] (N) must be in [1, {MAX_N}]; got {n}")
+    return n
+
+
+def dtype(dt, name: str) -> None:
+    """``dt`` (a NumPy dtype) is one the kernels take."""
+    if dt not in TABLE:
+        raise TypeError(f"{name} must have dtype {', '.join(SUPPORTED_NAMES)}; got {dt}")
+
+
+def vector(shape, name: str, n: int) -> None:
+    """A weight or bias of shape (N,)."""
+    if tuple(shape) != (n,):
+        raise ValueError(f"{name} must have shape ({n},); got {tuple(shape)}")
+
+
+def statistics(shape, dt, name: str, lead: tuple, acc, x_dtype, input_name: str = "x") -> None:
+    """mean or rstd as the forward returned them: shape ``lead`` (the input's rows), dtype
+    ``acc`` (the arithmetic type of ``x_dtype``; None: any, converted by the caller)."""
+    if acc is not None and dt != acc:
+        raise TypeError(f"{name} must be {acc.name} for {x_dtype} {input_name}; got {dt}")
+    if tuple(shape) != tuple(lead):
+        raise ValueError(f"{name} must have shape {input_name}.shape[:-1] = {tuple(lead)}; "
+                         f"got {tuple(shape)}")  # fmt: skip
+
+
+def like(shape, dt, name: str, ref_shape, ref_dt, ref_name: str) -> None:
+    """A gradient with the shape and dtype of the input it belongs to."""
+    if tuple(shape) != tuple(ref_shape):
+        raise ValueError(f"{name} must have the shape of {ref_name} {tuple(ref_shape)}; "
+                         f"got {tuple(shape)}")  # fmt: skip
+    if dt != ref_dt:
+        raise TypeError(f"{name} must have the dtype of {ref_name} ({ref_dt}); got {dt}")
+
+
+def bias_dtype(value, default) -> numpy.dtype:
+    """db's dtype: ``value`` if given (one the kernels take), else ``default``."""
+    if value is None:
+        return default
+    try:
+        dt = numpy.dtype(value)
+    except TypeError:
+        dt = value
+    if dt not in TABLE:
+        raise TypeError(f"bias_dtype must be one of {', '.join(SUPPORTED_NAMES)}; got {value}")
+    return dt
+
+
+def row_stride(shape, strides):
+    """Row stride, in elements, of the (M, N) row view of an array with this ``shape`` and
+    ``strides`` (in elements): its rows must sit at one non-negative stride with a contiguous
+    last dimension. None when they do not (the caller copies)."""
+    n = shape[-1]
+    if n != 1 and strides[-1] != 1:
+        return None
+    lead = [(d, s) for d, s in zip(shape[:-1], strides[:-1]) if d != 1]
+    if not lead:
+        return n
+    if any(s0 != s1 * d1 for (_, s0), (d1, s1) in zip(lead, lead[1:])):
+        return None
+    return lead[-1][1] if lead[-1][1] >= 0 else None
+
+
+# ------------------------------------------------------------------------------ CuPy arrays
+def array(a, name: str, device_id: int | None = None) -> None:
+    """A CuPy array of a supported dtype (on device ``device_id``)."""
+    cupy = _runtime.cupy()
+    if not isinstance(a, cupy.ndarray):
+        kind = f"{type(a).__module__}.{type(a).__qualname__}"
+        raise TypeError(
+            f"{name} must be a cupy.ndarray on a GPU; got {kind} (use cupy.asarray for NumPy "
+            "data, cupy.from_dlpack for torch/JAX tensors, or cupyln.torch / cupyln.jax)"
+        )
+    dtype(a.dtype, name)
+    if device_id is not None and a.data.device_id != device_id:
+        raise ValueError(
+            f"{name} must be on the same device as x (cuda:{device_id}); "
+            f"got cuda:{a.data.device_id}"
+        )
+
+
+def input_array(x, name: str = "x") -> int:
+    """The input: a CuPy array (..., N); returns N."""
+    array(x, name)
+    return width(x.shape, name)
+
+
+def vector_array(a, name: str, n: int, device_id: int) -> None:
+    """None, or a CuPy vector of shape (N,) on the input's device."""
+    if a is not None:
+        array(a, name, device_id)
+        vector(a.shape, name, n)
+
+
+def outputs(out, names, specs, device_id):
+    """None, or a tuple of preallocated outputs (entries may be None): each C-contiguous, of
+    the (shape, dtype) of its spec."""
+    if out is None:
+        return None
+    if not isinstance(out, (tuple, list)) or len(out) != len(names):
+        raise TypeError(f"out must be a tuple ({', '.join(names)}); got {type(out).__name__}")
+    for a, name, (shape, dt) in zip(out, names, specs):
+        if a is None:
+            continue
+        array(a, name, device_id)
+        if a.shape != tuple(shape) or a.dtype != dt:
+            raise ValueError(
+                f"{name} must be a {numpy.dtype(dt).name} array of shape {tuple(shape)}; "
+                f"got {a.dtype} {a.shape}"
+            )
+        if not a.flags.c_contiguous:
+            raise ValueError(f"{name} must be C-contiguous")
+    return out

@@ -1,0 +1,291 @@
+"""The launcher: plans become compiled kernels and launches. The only caller of the compile
+and driver layers, for the dense kernels and the jagged ones alike.
+
+Every dense kernel of a direction takes the same parameter list (kernels/args.cuh:
+CUPYLN_FWD_PARAMS, CUPYLN_BWD_PARAMS), packed here by the one format below that lists it. The
+launches work on raw pointers and a raw stream, which is what the CuPy API and the framework
+bridges share: they run on the current device (w/b pointers 64-byte aligned, or 0 for none), on
+``stream`` (None: CuPy's current stream).
+
+A launch for a problem seen before is a dictionary lookup: the plan, compiled kernel,
+``_driver.Launcher`` and grid of each (device, shape, dtypes, pack width) are cached.
+"""
+
+from __future__ import annotations
+
+from functools import cache, lru_cache
+from typing import NamedTuple
+
+from . import _compile, _runtime
+from ._driver import Launcher, max_active_clusters
+from ._dtypes import acc_dtype
+from ._plans import backward as bwd
+from ._plans import forward as fwd
+from ._plans import jagged as jag
+from ._plans.common import MAX_CLUSTER, grid_size, vector_width
+
+# The parameter lists' formats (``struct`` module codes, laid out as C lays out parameters): Q
+# a pointer, q an i64, i an int, {a} the arithmetic type (f: float, d: double).
+FWD_ARGS = "QqQQQQQqi{a}"  # x, x_stride, y, w, b, mean, rstd, M, N, eps
+# dy, dy_stride, x, x_stride, w, mean, rstd, dx, dw_part, db_part, M, N, inv_n, rows_per_slice
+BWD_ARGS = "QqQqQQQQQQqi{a}q"
+REDUCE_ARGS = "QQiiQQ"  # ln_partial_reduce: dw_part, db_part, G, N, dw, db
+
+_MAX_CACHED = 4096  # distinct problems remembered by the pointer-level cache
+
+
+def _fmt(layout: str, x_dtype) -> str:
+    return layout.format(a="d" if acc_dtype(x_dtype).itemsize == 8 else "f")
+
+
+# ------------------------------------------------------------------------ device and kernels
+class Device(NamedTuple):
+    sm_count: int
+    smem_optin: int
+    max_cluster: int  # blocks per thread-block cluster the kernels may use (1: no clusters)
+    dram_per_sm: float  # peak DRAM bytes per second an SM (0: not reported)
+
+
+@cache
+def device(device_id: int) -> Device:
+    d = _runtime.cupy().cuda.Device(device_id)
+    attrs = d.attributes
+    clusters = MAX_CLUSTER if int(d.compute_capability) >= 90 else 1
+    sms = attrs["MultiProcessorCount"]
+    # double data rate: 2 transfers a memory clock (kHz) over the bus (bits)
+    dram = 2e3 * attrs.get("MemoryClockRate", 0) * attrs.get("GlobalMemoryBusWidth", 0) / 8
+    return Device(sms, attrs["MaxSharedMemoryPerBlockOptin"], clusters, dram / sms)
+
+
+def function(k, device_id: int, smem: int):
+    """The compiled kernel of record ``k``; kernels that take dynamic shared memory get the
+    device's opt-in limit."""
+    limit = device(device_id).smem_optin if smem else 0
+    return _compile.function(k, device_id, limit)
+
+
+def capacity(f, block: int, smem: int, device_id: int, cluster: int = 1) -> int:
+    """Resident blocks of compiled kernel ``f`` on the whole device (a persistent grid's size);
+    for a kernel of thread-block clusters, resident clusters."""
+    from cupy_backends.cuda.api import driver
+
+    sms = device(device_id).sm_count
+    if cluster > 1:
+        return max_active_clusters(f, cluster, block, smem) or max(1, sms // cluster)
+    per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(f.kernel.ptr, block, smem)
+    return max(1, per_sm) * sms
+
+
+# ------------------------------------------------------------------------------ forward
+@lru_cache(maxsize=4096)
+def forward_launch(device_id, m, n, x_dtype, w_dtype, b_dtype, vec, affine=(True, True)):
+    """(launcher, plan, resident blocks, grid) of the forward of M rows of N on this device,
+    ``affine``: (w given, b given)."""
+    dev = device(device_id)
+    limits = (dev.smem_optin, dev.max_cluster, dev.sm_count, dev.dram_per_sm)
+    plan = fwd.forward_launch_plan(m, n, x_dtype, w_dtype, b_dtype, vec, *limits, affine)
+    f = function(plan.kernel, device_id, plan.smem)
+    cap = capacity(f, plan.block, plan.smem, device_id, plan.cluster)
+    launcher = _forward_launcher(f, x_dtype)
+    return launcher, plan, cap, fwd.forward_grid(m, plan, cap)
+
+
+@lru_cache(maxsize=4096)
+def _forward_launcher(f, x_dtype) -> Launcher:
+    return Launcher(f, _fmt(FWD_ARGS, x_dtype))
+
+
+_pointer_forwards: dict = {}  # launch_forward's launches by problem and pointers' alignment
+
+
+def launch_forward(dev, m, n, x_ptr, x_stride, x_dtype, y_ptr, w_ptr, w_dtype, b_ptr, b_dtype,
+                   mean_ptr, rstd_ptr, eps, stream=None):  # fmt: skip
+    """Forward of M >= 1 rows of N; y contiguous, mean/rstd of M values (both 0: not stored)."""
+    align = (x_ptr | y_ptr) & 15
+    key = (dev, m, n, x_stride, x_dtype, w_dtype, b_dtype, w_ptr != 0, b_ptr != 0, align)
+    launch = _pointer_forwards.get(key)  # one lookup for the bridges' repeated calls
+    if launch is None:
+        vec = vector_widths(x_dtype.itemsize, n, (x_stride,), align)
+        k, plan, _, grid = forward_launch(dev, m, n, x_dtype, w_dtype, b_dtype, vec, key[7:9])
+        launch = (k, grid, plan.block, plan.smem)
+        if len(_pointer_forwards) < _MAX_CACHED:
+            _pointer_forwards[key] = launch
+    k, grid, block, smem = launch
+    k(grid, block, smem, _runtime.current_stream() if stream is None else stream,
+      x_ptr, x_stride, y_ptr, w_ptr, b_ptr, mean_ptr, rstd_ptr, m, n, eps)  # fmt: skip
+
+
+@lru_cache(maxsize=4096)
+def vector_widths(itemsize: int, n: int, strides: tuple, align: int) -> int:
+    """``vector_width`` for pointers whose OR has low bits ``align`` (every pack is a power
+    of two up to 16 bytes, so the OR's alignment is every pointer's)."""
+    return vector_width(itemsize, n, strides, (align,))
+
+
+# ------------------------------------------------------------------------------ backward
+@lru_cache(maxsize=1024)
+def partial_reduce(device_id, n, x_dtype, w_dtype, db_dtype, slices):
+    """(launcher, grid, block) of ln_partial_reduce summing ``slices`` dw/db partial rows of N
+    columns: at most the blocks the device holds at once, each walking column chunks."""
+    dev = device(device_id)
+    k, cols, y = bwd.reduce_kernel(n, slices, dev.sm_count, x_dtype, w_dtype, db_dtype)
+    # sm_90, and a driver that also captures such launches into CUDA graphs (12.3)
+    after = bwd.REDUCE_AFTER_PRIOR and dev.max_cluster > 1 and _runtime.driver_version() >= 12030
+    f = function(k, device_id, 0)
+    grid = min(-(-n // cols), capacity(f, 32 * y, 0, device_id))
+    return Launcher(f, REDUCE_ARGS, after), grid, (32, y)
+
+
+@lru_cache(maxsize=4096)
+def _backward_kernels(device_id, n, x_dtype, w_dtype, vec, short=False):
+    """(launcher, plan, resident blocks, column launcher or None) of the backward's plan for
+    rows of N (``short``: bwd.backward_short)."""
+    dev = device(device_id)
+    plan = bwd.backward_plan(n, x_dtype, w_dtype, vec, dev.smem_optin, dev.max_cluster, short)
+    f = function(plan.kernel, device_id, plan.smem)
+    cols = None
+    if plan.tier == "row":
+        cols = dwdb_cols(device_id, x_dtype)
+    cap = capacity(f, plan.block, plan.smem, device_id, plan.cluster)
+    return Launcher(f, _fmt(BWD_ARGS, x_dtype)), plan, cap, cols
+
+
+@lru_cache(maxsize=64)
+def dwdb_cols(device_id, x_dtype) -> Launcher:
+    """ln_bwd_dwdb_cols, the column sums of the row tier and of the jagged backward."""
+    f = function(bwd.dwdb_cols_kernel(x_dtype), device_id, 0)
+    return Launcher(f, _fmt(BWD_ARGS, x_dtype))
+
+
+class BackwardLaunch(NamedTuple):
+    kernel: Launcher
+    plan: object
+    capacity: int
+    cols: Launcher | None  # the row tier's dw/db column kernel
+    partials: int  # G: dw/db partial rows
+    per: int  # rows a slice of the column kernel (row tier)
+    reduce: tuple  # partial_reduce's (launcher, grid, block)
+    inv_n: float  # 1 / N rounded to the arithmetic type, as a kernel's division would
+
+
+@lru_cache(maxsize=4096)
+def backward_launch(device_id, m, n, x_dtype, w_dtype, db_dtype, vec) -> BackwardLaunch:
+    """The backward's launch for M rows, with the short launch's plan where M makes one."""
+    key = device_id, n, x_dtype, w_dtype, vec
+    k, plan, cap, cols = _backward_kernels(*key)
+    if plan.tier == "reg" and bwd.backward_short(m, plan, cap):
+        k, plan, cap, cols = _backward_kernels(*key, True)
+    sms = device(device_id).sm_count
+    if plan.tier == "row":
+        g, per = bwd.dwdb_slices(m, n, sms)
+    else:
+        g, per = bwd.backward_grid(m, plan, cap, sms), 0
+    acc = acc_dtype(x_dtype).type
+    inv_n = float(acc(1) / acc(n))
+    red = partial_reduce(device_id, n, x_dtype, w_dtype, db_dtype, g)
+    return BackwardLaunch(k, plan, cap, cols, g, per, red, inv_n)
+
+
+def launch_backward(dev, m, n, dy_ptr, dy_stride, x_ptr, x_stride, x_dtype, w_ptr, w_dtype,
+                    mean_ptr, rstd_ptr, dx_ptr, dw_ptr, db_ptr, db_dtype, workspace,
+                    stream=None):  # fmt: skip
+    """Backward of M >= 1 rows of N; dx contiguous. ``workspace(nbytes)`` returns (address,
+    owner) of scratch memory that stays untouched until the launches on ``stream`` are done
+    (memory allocated on that stream); the owner is dropped once they are enqueued."""
+    esz = acc_dtype(x_dtype).itemsize
+    vec = vector_widths(x_dtype.itemsize, n, (x_stride, dy_stride), (x_ptr | dy_ptr | dx_ptr) & 15)
+    k, plan, cap, cols, g, per, (red, red_grid, red_block), inv_n = backward_launch(
+        dev, m, n, x_dtype, w_dtype, db_dtype, vec
+    )
+    stream = _runtime.current_stream() if stream is None else stream
+    part, owner = workspace(2 * g * n * esz)
+    dw_part = part if w_ptr else 0
+    db_part = part + g * n * esz
+    args = (dy_ptr, dy_stride, x_ptr, x_stride, w_ptr, mean_ptr, rstd_ptr, dx_ptr, dw_part,
+            db_part, m, n, inv_n, per)  # fmt: skip
+    if plan.tier != "row":  # one partial row per block (per cluster of blocks)
+        k(g * plan.cluster, plan.block, plan.smem, stream, *args)
+    else:
+        k(grid_size(m, 1, cap), plan.block, plan.smem, stream, *args)
+        cols((-(-n // 32), g), bwd.REDUCE_BLOCK, 0, stream, *args)
+    red(red_grid, red_block, 0, stream, dw_part, db_part, g, n, dw_ptr, db_ptr)
+    del owner  # back to its allocator, reusable by later work on this stream only
+
+
+def forget_plans() -> None:
+    """Drop every cached plan, kernel and launch (after a plan constant changes: the tests and
+    tuning scripts)."""
+    for fn in (forward_launch, _backward_kernels, backward_launch, partial_reduce, jagged):
+        fn.cache_clear()
+    _pointer_forwards.clear()
+
+
+# ------------------------------------------------------------------------------- jagged
+# Parameter formats of the jagged kernels (kernels/jagged.cu), by role; every kernel but
+# expand and check ends with has_long.
+JAGGED_ARGS = {
+    "partition": "QqqQQ",  # off, B, G, parts
+    "fwd_short": "QQiQQQQQ{a}qiQiQ",  # x, off, D, y, w, b, mean, rstd, eps, cap, ring, parts, long
+    "fwd_partial": "QQqiqqQQ",  # x, off, B, D, R, cap, part
+    "fwd_combine": "QqiqqQQQQ{a}Q",  # off, B, D, R, cap, part, o1, o2, mean64, eps
+    "bwd_combine": "QqiqqQQQQ{a}Q",
+    "fwd_apply": "QQqiqqQQQQQQ",  # x, off, B, D, R, cap, y, w, b, mean64, rstd
+    "bwd_short": "QQQqiQQQQqQ",  # dy, x, off, B, D, w, mean, rstd, dx, cap
+    "bwd_partial": "QQQqiqqQQQQQ",  # dy, x, off, B, D, R, cap, w, mean, rstd, part
+    "bwd_apply": "QQQqiqqQQQQQQQ",  # dy, x, off, B, D, R, cap, w, mean, rstd, c1, c2, dx
+    "expand": "QqQQQQ",  # off, B, mean, rstd, row_mean, row_rstd
+}
+JAGGED_CHECK_ARGS = "QqqQ"  # off, B, total, flags
+
+
+class JaggedKernels:
+    """The jagged kernels of one problem on one device: ``self(role, work, stream, *args)``
+    launches a role's kernel on a grid for ``work`` items, at most its resident blocks."""
+
+    def __init__(self, dev, d, x_dtype, w_dtype, b_dtype, o_dtype, vec, max_seqlen):
+        info = device(dev)
+        self.fwd = jag.jagged_plan(d, x_dtype, vec, info.smem_optin, max_seqlen, False)
+        self.bwd = jag.jagged_plan(d, x_dtype, vec, info.smem_optin, max_seqlen, True)
+        kernels = jag.jagged_kernels(x_dtype, w_dtype, b_dtype, o_dtype, vec, self.fwd, self.bwd)
+        self.launch, self.capacity = {}, {}
+        for role, (k, block, smem) in kernels.items():
+            f = function(k, dev, smem)
+            self.launch[role] = Launcher(f, _fmt(JAGGED_ARGS[role], x_dtype))
+            self.capacity[role] = (capacity(f, block, smem, dev), block, smem)
+        # the forward short kernel is persistent: every resident block, each with its groups
+        self.fwd_blocks = self.capacity["fwd_short"][0]
+        self.fwd_groups = self.fwd_blocks * (self.fwd.block // self.fwd.group)
+        self.cols = dwdb_cols(dev, x_dtype)  # dw/db: the dense backward's column kernel
+        self.dtypes = x_dtype, w_dtype, b_dtype
+        self.sm_count = info.sm_count
+
+    def __call__(self, role, work, stream, *args):
+        cap, block, smem = self.capacity[role]
+        self.launch[role](grid_size(work, 1, cap), block, smem, stream, *args)
+
+
+@lru_cache(maxsize=1024)
+def jagged(dev, d, x_dtype, w_dtype, b_dtype, o_dtype, vec, max_seqlen) -> JaggedKernels:
+    return JaggedKernels(dev, d, x_dtype, w_dtype, b_dtype, o_dtype, vec, max_seqlen)
+
+
+@lru_cache(maxsize=64)
+def jagged_check(dev, o_dtype):
+    """(launcher, resident blocks) of the offsets check."""
+    f = function(jag.check_kernel(o_dtype), dev, 0)
+    return Launcher(f, JAGGED_CHECK_ARGS), capacity(f, jag.JAG_SMALL_BLOCK, 0, dev)
+
+
+def describe_kernels(dev, m, n, x_dtype, w_dtype, b_dtype, vec, affine) -> dict:
+    """Which kernels the forward and the backward of M rows of N run, with launch shape,
+    registers per thread and resident blocks (for benchmarks)."""
+    out = {}
+    f = forward_launch(dev, m, n, x_dtype, w_dtype, b_dtype, vec, affine)
+    b = backward_launch(dev, m, n, x_dtype, w_dtype, w_dtype, vec)
+    for name, (k, plan, cap) in (("forward", f[:3]), ("backward", b[:3])):
+        out[name] = (
+            f"{plan.tier} vec={plan.vec} items={plan.items} tpr={plan.tpr} "
+            f"block={plan.block} smem={plan.smem} regs={k.kernel.num_regs} resident={cap}"
+            + (f" cluster={plan.cluster}" if plan.cluster > 1 else "")
+        )
+    return out

@@ -1,0 +1,34 @@
+// cupyln/kernels/args.cuh -- the dense kernels' parameters: one list per direction.
+//
+// Every forward kernel takes CUPYLN_FWD_PARAMS and every backward kernel CUPYLN_BWD_PARAMS, in
+// this order; cupyln/_launcher.py packs each list with one struct format (FWD_ARGS, BWD_ARGS
+// there; ln_partial_reduce's own list is REDUCE_ARGS). The lists are kernel parameters, not a
+// struct passed by value, because only __restrict__ kernel parameters keep the read-only
+// (non-coherent) loads of x, w and b across the kernels' inline asm: a struct's members, or
+// restrict-qualified copies of them, lose them.
+// T, TW, TB: the kernel's element types of x (y, dy, dx), w and b; A = AccOf<T>::type.
+#pragma once
+#include "common.cuh"
+
+// x [M, N]: row r at x + r * x_stride, its last dimension contiguous; y [M, N] contiguous;
+// w, b [N] or nullptr (no scale, no shift); mean, rstd [M], or both nullptr (not stored),
+// rstd = 1 / sqrt(biased variance + eps).
+#define CUPYLN_FWD_PARAMS                                                              \
+  const T *__restrict__ x, const i64 x_stride, T *__restrict__ y,                      \
+      const TW *__restrict__ w, const TB *__restrict__ b,                              \
+      typename AccOf<T>::type *__restrict__ mean,                                      \
+      typename AccOf<T>::type *__restrict__ rstd, const i64 M, const int N,            \
+      const typename AccOf<T>::type eps
+
+// dy, x [M, N] at their row strides; w [N] or nullptr; mean, rstd [M] from the forward;
+// dx [M, N] contiguous; dw_part, db_part [G, N]: one partial row of the dw/db sums per block
+// (dw_part nullptr without w); inv_n: 1 / N rounded to A; rows_per_slice: the rows each of
+// ln_bwd_dwdb_cols' G slices sums. A kernel leaves unnamed the parameters it does not read.
+#define CUPYLN_BWD_PARAMS                                                              \
+  const T *__restrict__ dy, const i64 dy_stride, const T *__restrict__ x,              \
+      const i64 x_stride, const TW *__restrict__ w,                                    \
+      const typename AccOf<T>::type *__restrict__ mean,                                \
+      const typename AccOf<T>::type *__restrict__ rstd, T *__restrict__ dx,            \
+      typename AccOf<T>::type *__restrict__ dw_part,                                   \
+      typename AccOf<T>::type *__restrict__ db_part, const i64 M, const int N,         \
+      const typename AccOf<T>::type inv_n, const i64 rows_per_slice
