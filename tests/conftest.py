@@ -13,3 +13,18 @@ from cupyln.cli import _gpu_count
 GPU_COUNT, NO_GPU_REASON = _gpu_count()
 
 requires_gpu = pytest.mark.skipif(GPU_COUNT == 0, reason=f"no usable CUDA GPU: {NO_GPU_REASON}")
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--sweep", action="store_true", help="also build every kernel variant (minutes; CI)"
+    )
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--sweep"):
+        return
+    skip = pytest.mark.skip(reason="the NVRTC build of every kernel variant: run with --sweep")
+    for item in items:
+        if "sweep" in item.keywords:
+            item.add_marker(skip)

@@ -1,24 +1,35 @@
-"""CPU tier: every kernel variant the launcher can choose compiles with NVRTC for sm_80 and
-sm_90 (no GPU or driver needed), and ptxas reports no stack frame, spill stores or loads
-beyond the few kernels _spill_allowed names, each by a bound."""
+"""CPU tier: the kernels compile with NVRTC for sm_80 and sm_90 (no GPU or driver needed), and
+ptxas reports no stack frame, spill stores or loads beyond the few kernels ``spill_allowed``
+names, each by a bound.
+
+``test_each_kernel_compiles`` builds one variant of every kernel (seconds);
+``test_every_variant_compiles_without_spills`` builds every variant the plans can return
+(minutes of serial NVRTC builds): it is marked ``sweep`` and runs with ``--sweep`` (CI does).
+"""
 
 import re
 
+import numpy as np
 import pytest
 
-from cupyln import _compile, _launch
-from cupyln._dtypes import TABLE
+from cupyln import _compile
+from cupyln._dtypes import INDEX, TABLE
+from cupyln._plans import backward as B
+from cupyln._plans import common as C
+from cupyln._plans import forward as F
+from cupyln._plans import jagged as J
+from cupyln._plans.common import kernel
 
-from .test_launch import CLUSTERS, NS, SMEM_A100, SMEM_H100, _vecs
+from .test_plans import CLUSTERS, NS, SMEM_A100, SMEM_H100, _vecs
 
 DTYPES = list(TABLE)
 ARCHS = (80, 90)
+FILES = sorted(set(_compile.SOURCES.values()))
 BOUNDED_SPILL = 48  # bytes of stack, spill stores or spill loads (ln_bwd_reg_cluster only)
 AHEAD_SPILL = 12  # ...and of ln_bwd_reg copying the next row ahead (AHEAD)
 SM90_BOUNDS_SPILL = 8  # ...and of sm_90's forward launch bounds built for sm_80 (never run)
-# ...and of the forward's stream tier at 32 registers a thread (kernels/layer_norm_fwd.cu
-# ln_fwd_stream; NVRTC 12, either arch: up to 8 bytes with w and b given, bf16 blocks of 160-352
-# threads of 2 packs, none where x, w or b is float16 (COHERENT_WB); 16 without one or both)
+# ...and of the forward's stream tier at 32 registers a thread (ln_fwd_stream, NVRTC 12, either
+# arch: with w and b given; 16 without one or both)
 STREAM_SPILL = 8
 STREAM_BARE_SPILL = 16
 
@@ -29,83 +40,91 @@ _REPORT = re.compile(
 )
 
 
-def variants(x_dtype):
-    """{source: sorted expressions} over every width, vector width and shared-memory limit
-    (the forward's at both vector counts a thread keeps, the short one in a launch of one wave
-    and of more, and the stream tier's;
-    the backward's for long and short launches),
-    plus every w/b dtype pairing for two register-tier, one row-tier and one ring-tier shapes
-    (the ring tier's kernel is in the jagged source) with and without clusters, and a backward
-    register and cluster tier.
-    The cluster kernels build for sm_80 without their cluster attribute (they never run there)."""
-    out = {_compile.FWD_SOURCE: set(), _compile.BWD_SOURCE: set(), _compile.JAG_SOURCE: set()}
+def variants(x_dtype) -> dict:
+    """{source file: kernel records} over every width, pack width and shared-memory limit (the
+    forward's at both pack counts a thread keeps, the short one in a launch of one wave and of
+    more, and the stream tier's; the backward's for long and short launches), plus every w/b
+    dtype pairing for two register-tier, one row-tier and one ring-tier shapes with and without
+    clusters, and a backward register and cluster tier; and the jagged kernels. The cluster
+    kernels build for sm_80 without their cluster attribute (they never run there)."""
+    out = set()
     for smem in (SMEM_H100, SMEM_A100):
+        c = CLUSTERS[smem]
         for vec in _vecs(x_dtype):
             for n in NS:
                 if n % vec == 0:
-                    for p in (
-                        _launch.forward_plan(
-                            n, x_dtype, x_dtype, x_dtype, vec, smem, CLUSTERS[smem]
-                        ),
-                        _launch.forward_plan(  # long launches on fast DRAM (the stream tier)
-                            n, x_dtype, x_dtype, x_dtype, vec, smem, CLUSTERS[smem], stream=True
-                        ),
-                        _launch.forward_plan(  # short launches (one wave: centered rows)
-                            n, x_dtype, x_dtype, x_dtype, vec, smem, CLUSTERS[smem],
-                            _launch.FWD_REG_ITEMS_SHORT, True,
-                        ),
-                        _launch.forward_plan(  # short launches of more than one wave
-                            n, x_dtype, x_dtype, x_dtype, vec, smem, CLUSTERS[smem],
-                            _launch.FWD_REG_ITEMS_SHORT,
-                        ),
-                        _launch.backward_plan(n, x_dtype, x_dtype, vec, smem, CLUSTERS[smem]),
-                        _launch.backward_plan(  # short launches (more rows share blocks)
-                            n, x_dtype, x_dtype, vec, smem, CLUSTERS[smem], True
-                        ),
-                    ):  # fmt: skip
-                        out[p.source].add(p.expr)
+                    xs = (n, x_dtype, x_dtype, x_dtype, vec, smem, c)
+                    out.update(
+                        p.kernel
+                        for p in (
+                            F.forward_plan(*xs),
+                            F.forward_plan(*xs, stream=True),  # long launches, fast DRAM
+                            F.forward_plan(*xs, F.FWD_REG_ITEMS_SHORT, True),  # one wave
+                            F.forward_plan(*xs, F.FWD_REG_ITEMS_SHORT),  # more than one
+                            B.backward_plan(n, x_dtype, x_dtype, vec, smem, c),
+                            B.backward_plan(n, x_dtype, x_dtype, vec, smem, c, True),  # short
+                        )
+                    )
     for vec in _vecs(x_dtype):  # the stream tier's rows past NS
-        p = _launch.forward_plan(20480, x_dtype, x_dtype, x_dtype, vec, SMEM_H100, 8, stream=True)
-        out[p.source].add(p.expr)
+        out.add(F.forward_plan(20480, x_dtype, x_dtype, x_dtype, vec, SMEM_H100, 8, True).kernel)
     for tw in DTYPES:
         for tb in DTYPES:
             full = 16 // x_dtype.itemsize
             for n, vec in ((4096, 1), (16384, full), (65536, 1), (65536, full)):
-                p = _launch.forward_plan(n, x_dtype, tw, tb, vec, SMEM_H100)  # reg, row, ring
-                out[p.source].add(p.expr)
-                p = _launch.forward_plan(n, x_dtype, tw, tb, vec, SMEM_H100, 8)  # and cluster
-                out[p.source].add(p.expr)
+                out.add(F.forward_plan(n, x_dtype, tw, tb, vec, SMEM_H100).kernel)  # reg, row, ring
+                out.add(F.forward_plan(n, x_dtype, tw, tb, vec, SMEM_H100, 8).kernel)  # cluster
                 for affine in ((True, True), (True, False), (False, True), (False, False)):
-                    p = _launch.forward_plan(
-                        n, x_dtype, tw, tb, vec, SMEM_H100, 8, stream=True, affine=affine
-                    )
-                    out[p.source].add(p.expr)  # and stream, with and without w and b
-            for slices in (1, _launch.PARTIAL_REDUCE_FEW):  # partial_reduce_shape
-                for cols in (8, 32):
-                    y = _launch.partial_reduce_shape(4096, slices, 132)[1]
-                    out[_compile.BWD_SOURCE].add(_launch.reduce_expr(x_dtype, tw, tb, cols, y))
+                    p = F.forward_plan(n, x_dtype, tw, tb, vec, SMEM_H100, 8, stream=True,
+                                       affine=affine)  # fmt: skip
+                    out.add(p.kernel)  # and stream, with and without w and b
+            for slices in (1, B.PARTIAL_REDUCE_FEW):
+                for sms in (132, 10**4):  # 32 and 8 columns a block
+                    out.add(B.reduce_kernel(4096, slices, sms, x_dtype, tw, tb)[0])
         for n, vec in ((4096, 1), (32768, 16 // x_dtype.itemsize)):  # reg, cluster
-            p = _launch.backward_plan(n, x_dtype, tw, vec, SMEM_H100, _launch.MAX_CLUSTER)
-            out[_compile.BWD_SOURCE].add(p.expr)
-    out[_compile.BWD_SOURCE].add(_launch.dwdb_cols_expr(x_dtype))
-    return {k: sorted(v) for k, v in out.items()}
+            out.add(B.backward_plan(n, x_dtype, tw, vec, SMEM_H100, C.MAX_CLUSTER).kernel)
+    out.add(B.dwdb_cols_kernel(x_dtype))
+    out.update(jagged_variants(x_dtype))
+    files: dict = {f: set() for f in FILES}
+    for k in out:
+        files[_compile.source_of(k.name)].add(k)
+    return {f: sorted(v, key=_compile.expression) for f, v in files.items()}
 
 
-def _spill_allowed(expr: str, arch: int = 90) -> int:
-    """Bytes of stack frame, spill stores and spill loads a kernel variant may report."""
-    if expr.startswith("cupyln::ln_fwd_stream<"):
-        return STREAM_SPILL if expr.endswith(", true, true>") else STREAM_BARE_SPILL
-    if arch < 90 and expr.startswith("cupyln::ln_fwd_reg<"):
+def jagged_variants(x_dtype) -> set:
+    """Every jagged kernel role for both offset types and pack widths, with w/b of x's dtype
+    and of float32, and every short-kernel shape: forward block and warp groups (16 and 8 warps
+    a block), backward sharing an SM or alone on it."""
+    out = set()
+    warp8 = 16384 // (256 * x_dtype.itemsize)  # a 16 KB sequence: 8 warps' rings fit
+    for tw in {x_dtype, np.dtype(np.float32)}:
+        for o in INDEX:
+            for vec in _vecs(x_dtype):
+                for seqlen in (None, 1, warp8, 128):
+                    fwd = J.jagged_plan(256, x_dtype, vec, SMEM_H100, seqlen, False)
+                    bwd = J.jagged_plan(256, x_dtype, vec, SMEM_H100, seqlen, True)
+                    roles = J.jagged_kernels(x_dtype, tw, tw, o, vec, fwd, bwd)
+                    out.update(k for k, _, _ in roles.values())
+            out.add(J.check_kernel(o))
+    return out
+
+
+def spill_allowed(k, arch: int = 90) -> int:
+    """Bytes of stack frame, spill stores and spill loads kernel record ``k`` may report: the
+    backward's register clusters, two rows a thread, spill a value in some shapes, and the
+    register rows that copy the next row ahead a value or two (both measured faster than every
+    alternative anyway); the stream tier at 32 registers; sm_90's launch bounds built for
+    sm_80."""
+    if k.name == "ln_fwd_stream":
+        return STREAM_SPILL if k.arg("HAS_W") and k.arg("HAS_B") else STREAM_BARE_SPILL
+    if arch < 90 and k.name == "ln_fwd_reg":
         # sm_90's launch bounds (FWD_LEAN_THREADS as loaded, FWD_REG_THREADS for centered rows
         # in a launch of one wave): taken only on devices with clusters
-        tail = expr[:-1].split(", ")[6:9]
-        threads = int(tail[0]) * int(tail[1])
-        centered = tail[2] == "true"
-        if threads > (_launch.FWD_CENTER_THREADS if centered else _launch.FWD_REG_THREADS):
+        threads = k.arg("BLOCK") * k.arg("MINB")
+        if threads > (F.FWD_CENTER_THREADS if k.arg("CENTER") else F.FWD_REG_THREADS):
             return SM90_BOUNDS_SPILL
-    if expr.startswith("cupyln::ln_bwd_reg_cluster<"):
+    if k.name == "ln_bwd_reg_cluster":
         return BOUNDED_SPILL
-    if expr.startswith("cupyln::ln_bwd_reg<") and expr[:-1].split(", ")[6] == "true":
+    if k.name == "ln_bwd_reg" and k.arg("AHEAD"):
         return AHEAD_SPILL
     return 0
 
@@ -113,86 +132,107 @@ def _spill_allowed(expr: str, arch: int = 90) -> int:
 def test_spill_allowances():
     """Only the two backward register kernels, the second only with AHEAD, the forward's
     stream tier, and on sm_80 the forward's sm_90 launch bounds."""
-    bf16 = "cupyln::bf16_t"
-    cluster = f"cupyln::ln_bwd_reg_cluster<{bf16}, {bf16}, 8, 4, 256, 8, true>"
-    assert _spill_allowed(cluster) == 48
-    ahead = f"cupyln::ln_bwd_reg<{bf16}, {bf16}, 8, 2, 512, 512, true, true, true>"
-    assert _spill_allowed(ahead) == AHEAD_SPILL
-    small = f"cupyln::ln_bwd_reg<{bf16}, {bf16}, 8, 2, 64, 64, false, false, false>"
-    assert _spill_allowed(small) == 0
-    assert (
-        _spill_allowed(f"cupyln::ln_fwd_reg<{bf16}, {bf16}, {bf16}, 8, 8, 512, 512, 2, false, 0>")
-        == 0
-    )
-    lean = f"cupyln::ln_fwd_reg<{bf16}, {bf16}, {bf16}, 8, 4, 384, 384, 4, false, 0>"
-    assert _spill_allowed(lean) == 0 and _spill_allowed(lean, 80) == 8
-    wave = f"cupyln::ln_fwd_reg<{bf16}, {bf16}, {bf16}, 8, 4, 64, 64, 16, true, 4>"
-    assert _spill_allowed(wave) == 0 and _spill_allowed(wave, 80) == 8
-    many = f"cupyln::ln_fwd_reg<{bf16}, {bf16}, {bf16}, 8, 4, 64, 64, 12, true, 4>"
-    assert _spill_allowed(many, 80) == 0
-    shape = "8, 512, 512, 4, 4, false, false, false"
-    stream = f"cupyln::ln_fwd_stream<{bf16}, {bf16}, {bf16}, {shape}, true, true>"
-    assert _spill_allowed(stream) == _spill_allowed(stream, 80) == STREAM_SPILL == 8
-    bare = f"cupyln::ln_fwd_stream<{bf16}, {bf16}, {bf16}, {shape}, true, false>"
-    assert _spill_allowed(bare) == _spill_allowed(bare, 80) == STREAM_BARE_SPILL == 16
+    bf = ref_bf16()
+
+    def reg(items, tpr, block, minb, center, whole):
+        return kernel("ln_fwd_reg", T=bf, TW=bf, TB=bf, VEC=8, ITEMS=items, TPR=tpr,
+                      BLOCK=block, MINB=minb, CENTER=center, WHOLE=whole)  # fmt: skip
+
+    def bwd(tpr, block, flag):
+        return kernel("ln_bwd_reg", T=bf, TW=bf, VEC=8, ITEMS=2, TPR=tpr, BLOCK=block,
+                      AHEAD=flag, SHARED_SUMS=flag, STAGE_W=flag)  # fmt: skip
+
+    def stream(has_b):
+        return kernel("ln_fwd_stream", T=bf, TW=bf, TB=bf, VEC=8, TPR=512, BLOCK=512, NCH=4,
+                      MINB=4, PARTIAL=False, ROLL=False, COHERENT_WB=False, HAS_W=True,
+                      HAS_B=has_b)  # fmt: skip
+
+    cluster = kernel("ln_bwd_reg_cluster", T=bf, TW=bf, VEC=8, ITEMS=4, BLOCK=256, C=8,
+                     STAGE_W=True)  # fmt: skip
+    assert spill_allowed(cluster) == 48
+    assert spill_allowed(bwd(512, 512, True)) == AHEAD_SPILL
+    assert spill_allowed(bwd(64, 64, False)) == 0
+    assert spill_allowed(reg(8, 512, 512, 2, False, 0)) == 0
+    lean = reg(4, 384, 384, 4, False, 0)
+    assert spill_allowed(lean) == 0 and spill_allowed(lean, 80) == 8
+    wave = reg(4, 64, 64, 16, True, 4)
+    assert spill_allowed(wave) == 0 and spill_allowed(wave, 80) == 8
+    assert spill_allowed(reg(4, 64, 64, 12, True, 4), 80) == 0
+    assert spill_allowed(stream(True)) == spill_allowed(stream(True), 80) == STREAM_SPILL == 8
+    assert spill_allowed(stream(False)) == spill_allowed(stream(False), 80) == 16
 
 
-@pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("source", [_compile.FWD_SOURCE, _compile.BWD_SOURCE, _compile.JAG_SOURCE])
-@pytest.mark.parametrize("x_dtype", DTYPES, ids=lambda d: d.name)
-def test_every_variant_compiles_without_spills(x_dtype, source, arch):
-    exprs = variants(x_dtype)[source]
-    cubin, log, lowered = _compile.compile_cubin(source, exprs, arch)
+def ref_bf16():
+    return next(d for d in DTYPES if d.name == "bfloat16")
+
+
+def _check_build(kernels, arch):
+    cubin, log, lowered = _compile.compile_cubin(kernels, arch)
     assert cubin[:4] == b"\x7fELF"
     reports = {m.group(1): tuple(map(int, m.group(2, 3, 4))) for m in _REPORT.finditer(log)}
     names = {v: k for k, v in lowered.items()}
     assert set(reports) == set(names), "ptxas did not report every kernel"
     spilled = {names[f]: r for f, r in reports.items() if any(r)}
-    # the backward's register clusters, two rows a thread, spill a value in some shapes (bf16
-    # blocks of 160 threads: 4 bytes at 136 registers a thread); they measured faster than
-    # every other tier anyway (cupyln/_launch.py _bwd_reg_cluster), so they may, up to
-    # BOUNDED_SPILL bytes each. The register rows that copy the next row ahead issue those
-    # copies before the block's barrier (kernels/layer_norm_bwd.cu); at 64 or 80 registers
-    # ptxas then spills a value or two in some (fp16 blocks of 384 threads with w staged: 12
-    # bytes of spill stores), measured faster anyway
-    spilled = {e: r for e, r in spilled.items() if any(b > _spill_allowed(e, arch) for b in r)}
+    spilled = {k: r for k, r in spilled.items() if any(b > spill_allowed(k, arch) for b in r)}
     assert not spilled, f"stack frame / spill stores / spill loads: {spilled}"
 
 
-def jagged_variants(x_dtype):
-    """Every jagged kernel role for both offset types and vector widths, with w/b of x's dtype
-    and of float32, and every short-kernel shape: forward block and warp groups (16 and 8 warps
-    per block), backward sharing an SM or alone on it."""
-    out = set()
-    warp8 = 16384 // (256 * x_dtype.itemsize)  # a 16 KB sequence: 8 warps' rings fit
-    for tw in {x_dtype, TABLE_F32}:
-        for o in ("int", "long long"):
-            for vec in _vecs(x_dtype):
-                for seqlen in (None, 1, warp8, 128):
-                    fwd = _launch.jagged_plan(256, x_dtype, vec, SMEM_H100, seqlen, False)
-                    bwd = _launch.jagged_plan(256, x_dtype, vec, SMEM_H100, seqlen, True)
-                    out.update(_launch.jagged_exprs(x_dtype, tw, tw, o, vec, fwd, bwd).values())
-            out.add(_launch.jagged_check_expr(o))
-    return sorted(out)
-
-
-TABLE_F32 = next(d for d in TABLE if d.name == "float32")
+@pytest.mark.sweep
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("source", FILES)
+@pytest.mark.parametrize("x_dtype", DTYPES, ids=lambda d: d.name)
+def test_every_variant_compiles_without_spills(x_dtype, source, arch):
+    kernels = variants(x_dtype)[source]
+    if kernels:
+        _check_build(kernels, arch)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("x_dtype", DTYPES, ids=lambda d: d.name)
-def test_jagged_kernels_compile_without_spills(x_dtype, arch):
-    exprs = jagged_variants(x_dtype)
-    _, log, lowered = _compile.compile_cubin(_compile.JAG_SOURCE, exprs, arch)
-    reports = {m.group(1): tuple(map(int, m.group(2, 3, 4))) for m in _REPORT.finditer(log)}
-    names = {v: k for k, v in lowered.items()}
-    assert set(reports) == set(names), "ptxas did not report every kernel"
-    spilled = {names[f]: r for f, r in reports.items() if any(r)}
-    assert not spilled, f"stack frame / spill stores / spill loads: {spilled}"
+@pytest.mark.parametrize("source", FILES)
+def test_each_kernel_compiles(source, arch):
+    """One variant of every kernel of a source file, bf16 rows with float32 w and b, and the
+    jagged kernels with int64 offsets: the quick form of the sweep."""
+    bf, f32 = ref_bf16(), np.dtype(np.float32)
+    seen: dict = {}
+    for n in (256, 1024, 4096, 8192, 16384, 32768, 65536, 65537, 270000, 10**6):
+        for vec in (8, 4, 1):
+            for x, w in ((bf, bf), (bf, f32)):
+                for p in (
+                    F.forward_plan(n, x, w, w, vec, SMEM_H100, 8),
+                    F.forward_plan(n, x, w, w, vec, SMEM_H100, 8, stream=True),
+                    B.backward_plan(n, x, w, vec, SMEM_H100, 8),
+                ):
+                    seen.setdefault(p.kernel.name, p.kernel)
+    seen["ln_partial_reduce"] = B.reduce_kernel(4096, 1, 132, bf, f32, f32)[0]
+    seen["ln_bwd_dwdb_cols"] = B.dwdb_cols_kernel(bf)
+    for k in jagged_variants(bf):
+        seen.setdefault(k.name, k)
+    kernels = [k for k in seen.values() if _compile.source_of(k.name) == source]
+    names = {k.name for k in kernels}
+    every = {name for name in C.SIGNATURES if _compile.source_of(name) == source}
+    assert names == every, f"no plan reached {every - names}"
+    _check_build(kernels, arch)
 
 
 def test_includes_are_inlined_and_hashed():
-    text, digest = _compile.source(_compile.FWD_SOURCE)
+    text, digest = _compile.source("layer_norm_fwd.cu")
     assert '#include "common.cuh"' not in text and "struct bf16_t" in text
     assert len(digest) == 64
-    assert _compile.template("k", "float", 4, True) == "cupyln::k<float, 4, true>"
+
+
+def test_expressions_render_the_dtype_table():
+    bf, f32 = ref_bf16(), np.dtype(np.float32)
+    k = kernel("ln_fwd_row", T=bf, TW=f32, TB=f32, VEC=8, BLOCK=256, STAGE=True)
+    assert (
+        _compile.expression(k) == "cupyln::ln_fwd_row<cupyln::bf16_t, float, float, 8, 256, true>"
+    )
+    assert _compile.expression(J.check_kernel(np.dtype(np.int64))) == (
+        "cupyln::jag_check_offsets<long long>"
+    )
+    with pytest.raises(TypeError, match="takes"):
+        kernel("ln_fwd_row", T=bf)
+
+
+def test_every_kernel_has_a_source():
+    for name in C.SIGNATURES:
+        assert name in _compile.source(_compile.source_of(name))[0], name

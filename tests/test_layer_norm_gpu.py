@@ -13,8 +13,9 @@ import math
 import numpy as np
 import pytest
 
+from cupyln import _launcher
 from cupyln import reference as ref
-from cupyln._api import _rows
+from cupyln._api import rows as _rows
 from cupyln._dtypes import TABLE
 
 from .conftest import GPU_COUNT, requires_gpu
@@ -110,15 +111,16 @@ def inputs(shape, xdt, wdt, bdt):
 
 @contextlib.contextmanager
 def forward_rules(monkeypatch, **values):
-    """The forward's launch constants of cupyln._launch set to ``values`` for the block, its
-    plans and cached launches cleared before and after."""
-    from cupyln import _api, _launch
+    """The forward's plan constants (cupyln._plans.forward) set to ``values`` for the block,
+    its plans and cached launches cleared before and after."""
+    from cupyln import _api
+    from cupyln._plans import forward
 
     def clear():
-        _api.forget_forward_plans()
+        _api.forget_plans()
 
     for name, value in values.items():
-        monkeypatch.setattr(_launch, name, value)
+        monkeypatch.setattr(forward, name, value)
     clear()
     try:
         yield
@@ -261,28 +263,26 @@ def test_short_backward_grids_and_dependent_reduce(monkeypatch, m, n):
     """Short backward launches, whose grids grow to fill the SMs (backward_grid), checked against
     the float64 reference; ln_partial_reduce launched dependent on the partials' kernel (sm_90,
     driver 12.3+) gives bitwise the dw/db of a plain launch."""
-    from cupyln import _api, _launch
+    from cupyln import _api, _launcher, _runtime
+    from cupyln._plans import backward
 
     x, w, b, dy = inputs((m, n), "bfloat16", "bfloat16", "bfloat16")
     run_and_check(x, w, b, dy)
     _, mean, rstd = cupyln.forward(x, w, b)
 
     def clear():
-        _api._backward_launch.cache_clear()
-        _api._backward_grid.cache_clear()
-        _api.partial_reduce.cache_clear()
-        _api._backward_calls.clear()
+        _api.forget_plans()
 
     def grads(after_prior):
-        monkeypatch.setattr(_launch, "REDUCE_AFTER_PRIOR", after_prior)
+        monkeypatch.setattr(backward, "REDUCE_AFTER_PRIOR", after_prior)
         clear()
         got = [cupyln.backward(dy, x, w, mean, rstd) for _ in range(3)]
-        vec = _api._vector_width(2, n, (n,), x.data.ptr & 15)
-        red = _api._backward_grid(x.data.device_id, m, n, x.dtype, w.dtype, w.dtype, vec)[6][0]
-        return got, red
+        vec = _launcher.vector_widths(2, n, (n,), x.data.ptr & 15)
+        launch = _launcher.backward_launch(x.data.device_id, m, n, x.dtype, w.dtype, w.dtype, vec)
+        return got, launch.reduce[0]
 
     (dependent, red), (plain, red_plain) = grads(True), grads(False)
-    sm90 = int(x.device.compute_capability) >= 90 and _api._driver_version() >= 12030
+    sm90 = int(x.device.compute_capability) >= 90 and _runtime.driver_version() >= 12030
     assert (red._ex is not None) == sm90 and red_plain._ex is None
     for got in dependent + plain:
         for a, want in zip(got, plain[0]):
@@ -294,7 +294,7 @@ def test_short_backward_grids_and_dependent_reduce(monkeypatch, m, n):
                                            (2048, 128, False)])  # fmt: skip
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_backward_row_groups_share_a_block(dtype, n, tpr, always):
-    """16-bit backward rows of 64 or 128 threads, several a block (_launch.BWD_GROUP_BLOCK; rows
+    """16-bit backward rows of 64 or 128 threads, several a block (BWD_GROUP_BLOCK; rows
     of 2 packs of 8 only in short launches), each row group under its own barrier: row counts
     that leave a block's last groups without a row, with and without w, against the float64
     reference with NaN-poisoned outputs; the same dx, dw and db bit for bit on every call."""
@@ -344,13 +344,13 @@ def test_backward_w_staged(xdt, wdt, n):
     for m in (5, 300):
         x, w, b, dy = inputs((m, n), xdt, wdt, wdt)
         if int(x.device.compute_capability) >= 90 and wdt is not None:
-            plan = cupyln._api._backward_grid(x.device.id, m, n, x.dtype, w.dtype, w.dtype, 8)[1]
-            assert plan.expr.endswith(f", {str(wdt == xdt).lower()}>"), plan
+            launch = _launcher.backward_launch(x.device.id, m, n, x.dtype, w.dtype, w.dtype, 8)
+            assert launch.plan.arg("STAGE_W") == (wdt == xdt), launch.plan
         run_and_check(x, w, b, dy)
 
 
 # Forward rows over register clusters (sm_90) whose blocks copy w and b into shared memory or
-# read them through L1 (_launch._fwd_staged): N, x's dtype, w's and b's, blocks a cluster,
+# read them through L1 (forward._reg_cluster_plan): N, x's dtype, w's and b's, blocks a cluster,
 # threads a block, staged, two rows a block. float32: at 2 blocks an SM (20480), in blocks of
 # 384 threads or more two rows a block (28672, 32768, 65536); float32 x with bf16 w and b at its
 # own shape (32768).
@@ -377,10 +377,8 @@ def test_forward_register_clusters_stage_w_and_b(n, xdt, wdt, cluster, block, st
                 assert f"tpr={block} block={block} " in got, got
                 assert got.endswith(f"cluster={cluster}") and (" smem=0 " not in got) == staged
                 wb = [x.dtype if a is None else a.dtype for a in (w, b)]
-                plan = cupyln._api._forward_launch(
-                    x.device.id, m, n, x.dtype, *wb, 16 // x.itemsize
-                )[1]
-                assert plan.expr.endswith(f", {str(lag).lower()}>"), plan
+                plan = _launcher.forward_launch(x.device.id, m, n, x.dtype, *wb, 16 // x.itemsize)
+                assert plan[1].arg("LAG") == lag, plan[1]
             run_and_check(x, w, b, dy)
 
 

@@ -80,12 +80,35 @@ def test_ops_autograd_traced_without_a_gpu():
         gx.sum().backward()
 
 
-def test_cpu_tensors_are_refused():
+def test_cpu_tensors_are_refused_by_the_statistics_functions():
     with pytest.raises(ValueError, match="input must be a CUDA tensor; got a tensor on cpu"):
         clt.forward(torch.ones(2, 8))
     with pytest.raises(ValueError, match="input must be a CUDA tensor; got a tensor on cpu"):
         clt.backward(torch.ones(2, 8), torch.ones(2, 8), None, torch.ones(2), torch.ones(2))
-    with pytest.raises(ValueError, match="input must be a CUDA tensor; got a tensor on cpu"):
-        clt.layer_norm(torch.ones(2, 8), (8,))
     with pytest.raises(TypeError, match="input must have dtype .*; got torch.int64"):
-        clt.layer_norm(torch.ones(2, 8, dtype=torch.int64), (8,))
+        clt.forward(torch.ones(2, 8, dtype=torch.int64))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("shape", [(8,), (5, 8)])
+def test_cpu_tensors_fall_back_to_torch(dtype, shape):
+    """layer_norm and LayerNorm on CPU tensors are torch's own layer norm, gradients included,
+    so a model after replace_layer_norms still runs on the CPU."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.LayerNorm(shape)).to(dtype)
+    twin = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.LayerNorm(shape)).to(dtype)
+    with torch.no_grad():
+        model[1].weight.uniform_(0.5, 1.5)
+    twin.load_state_dict(model.state_dict())
+    clt.replace_layer_norms(model)
+    assert type(model[1]) is clt.LayerNorm
+    x = torch.randn(3, 5, 8, dtype=dtype)
+    y, want = model(x), twin(x)
+    assert torch.equal(y, want)
+    y.sum().backward()
+    want.sum().backward()
+    for a, b in zip(model.parameters(), twin.parameters()):
+        assert torch.equal(a.grad, b.grad)
+    w = torch.rand(shape, dtype=dtype)
+    got = clt.layer_norm(x, shape, w, None, 1e-3)
+    assert torch.equal(got, torch.nn.functional.layer_norm(x, shape, w, None, 1e-3))

@@ -1,18 +1,24 @@
-"""CPU tier: the launch heuristic returns a valid plan for every N it claims (any N >= 1),
-and the helpers around it (vector width, grid, dw/db slices) keep their limits."""
+"""CPU tier: the plans return a valid kernel and launch shape for every N they claim (any
+N >= 1), and the helpers around them (vector width, grid, dw/db slices) keep their limits.
+Plans are checked by their fields and their kernels' named template arguments."""
 
 import ctypes
 
 import numpy as np
 import pytest
 
-from cupyln import _compile, _driver, _launch
+from cupyln import _driver
 from cupyln import reference as ref
 from cupyln._dtypes import TABLE
+from cupyln._plans import backward as B
+from cupyln._plans import common as C
+from cupyln._plans import forward as F
+from cupyln._plans import jagged as J
+from cupyln._plans.common import kernel
 
 SMEM_H100 = 232448  # sm_90 opt-in shared memory per block
 SMEM_A100 = 166912  # sm_80
-CLUSTERS = {SMEM_H100: _launch.MAX_CLUSTER, SMEM_A100: 1}  # sm_80 has no thread-block clusters
+CLUSTERS = {SMEM_H100: C.MAX_CLUSTER, SMEM_A100: 1}  # sm_80 has no thread-block clusters
 DTYPES = list(TABLE)
 
 # Every vector count of the register tiers, then rows that need the shared-memory and re-read
@@ -32,6 +38,11 @@ def _reg_block_max(forward: bool, dtype, vec: int) -> int:
     return 1024 if dtype.itemsize == 2 and vec == 8 else 512
 
 
+def _reg_tail(plan) -> tuple:
+    """ln_fwd_reg's (ITEMS, TPR, BLOCK, MINB, CENTER, WHOLE)."""
+    return tuple(plan.arg(k) for k in ("ITEMS", "TPR", "BLOCK", "MINB", "CENTER", "WHOLE"))
+
+
 def _check_fwd_reg(plan, n, dtype, clusters):
     """The forward register tier's template tail (..., BLOCK, MINB, CENTER, WHOLE): rows kept
     centered in the arithmetic type fit 128 bytes a thread, in blocks of at most 128 threads
@@ -41,8 +52,7 @@ def _check_fwd_reg(plan, n, dtype, clusters):
     16-bit rows of a warp or less centered in 3 slots, sm_90 only), 1536 for
     16-bit rows in 16-byte vectors kept as loaded at 4 vectors a thread in a block of their own
     (sm_90, with clusters)."""
-    tail = plan.expr[:-1].split(", ")[-4:]
-    block, minb, center, whole = int(tail[0]), int(tail[1]), tail[2] == "true", int(tail[3])
+    block, minb, center, whole = (plan.arg(k) for k in ("BLOCK", "MINB", "CENTER", "WHOLE"))
     assert block == plan.block and plan.smem == 0, plan
     if center:
         assert dtype.itemsize != 4, plan  # float32 rows stay as loaded
@@ -71,25 +81,23 @@ def _check_fwd_reg_cluster(plan, n, dtype, vec, clusters):
     per SM; float32 rows in blocks of FWD_LAG_BLOCK threads or more at one block an SM, holding
     two rows, the others also at fewer blocks (two or more) or over twice the blocks of half
     the threads; else read through L1."""
-    c, limit, packs = plan.cluster, _launch.FWD_REG_CLUSTER_BLOCK, n // vec
+    c, limit, packs = plan.cluster, F.FWD_REG_CLUSTER_BLOCK, n // vec
     assert vec * dtype.itemsize == 16 and 1 < c <= clusters
-    assert plan.tpr == plan.block <= limit and plan.items == _launch.FWD_REG_ITEMS
+    assert plan.tpr == plan.block <= limit and plan.items == F.FWD_REG_ITEMS
     assert -(-packs // c) <= plan.block * plan.items, (plan, n)  # the slices fit
     assert packs > limit * plan.items  # no one block of the limit holds the row
-    assert plan.expr.startswith("cupyln::ln_fwd_reg_cluster<")
-    *_, block, cluster, minb, staged, lag = plan.expr[:-1].split(", ")
-    assert (int(block), int(cluster)) == (plan.block, c) and staged in ("true", "false")
-    assert lag in ("true", "false")
-    minb, staged, lag = int(minb), staged == "true", lag == "true"
+    assert plan.kernel.name == "ln_fwd_reg_cluster"
+    assert (plan.arg("BLOCK"), plan.arg("C")) == (plan.block, c)
+    minb, staged, lag = plan.arg("MINB"), plan.arg("STAGE_WB"), plan.arg("LAG")
     copies = plan.items * plan.block * vec * 2 * dtype.itemsize  # a block's slices of w and b
     bounds = max(1, 1024 // plan.block)
-    per_sm = _launch.FWD_STAGE_WB_SM // (copies + _launch.STATIC_SMEM_MARGIN)
+    per_sm = F.FWD_STAGE_WB_SM // (copies + C.STATIC_SMEM_MARGIN)
     assert plan.smem == (copies if staged else 0), plan
     split = dtype.itemsize == 4 and c == 4 and 2 * plan.block <= limit and not lag
     split = split and -(-packs // 2) <= 2 * plan.block * plan.items
     if not split:
         assert c == 2 or -(-packs // (c // 2)) > limit * plan.items, plan  # the fewest
-    wide = dtype.itemsize == 4 and plan.block >= _launch.FWD_LAG_BLOCK
+    wide = dtype.itemsize == 4 and plan.block >= F.FWD_LAG_BLOCK
     assert lag == (wide and per_sm >= 1), plan
     if lag:  # two rows a block, one block an SM, w and b copied
         assert staged and minb == 1, plan
@@ -97,7 +105,7 @@ def _check_fwd_reg_cluster(plan, n, dtype, vec, clusters):
         assert minb == bounds and staged == (per_sm >= bounds), plan
     elif split:  # float32 over two blocks whose copies fit no two blocks per SM
         assert staged and minb == min(2 * (1024 // (2 * plan.block)), per_sm) >= 2, plan
-        assert 2 * (2 * copies + _launch.STATIC_SMEM_MARGIN) > _launch.FWD_STAGE_WB_SM, plan
+        assert 2 * (2 * copies + C.STATIC_SMEM_MARGIN) > F.FWD_STAGE_WB_SM, plan
     else:
         assert staged == (per_sm >= 2 or per_sm >= bounds), plan
         assert minb == (min(bounds, per_sm) if staged else bounds), plan
@@ -114,12 +122,12 @@ def test_forward_cluster_copies_fit_the_device():
         for wdt in (dt, np.dtype(np.float32)):
             for n in range(16384 + 1024, 262144 + 1, 1024 * vec // 4):
                 for limit in (SMEM_H100, small):
-                    p = _launch.forward_plan(n, dt, wdt, wdt, vec, limit, _launch.MAX_CLUSTER)
+                    p = F.forward_plan(n, dt, wdt, wdt, vec, limit, C.MAX_CLUSTER)
                     if p.cluster == 1 or p.tier != "reg" or not p.smem:
                         continue
-                    minb = int(p.expr[:-1].split(", ")[-3])
-                    room = min(_launch.FWD_STAGE_WB_SM, limit)
-                    assert minb * (p.smem + _launch.STATIC_SMEM_MARGIN) <= room, (n, limit, p)
+                    minb = p.arg("MINB")
+                    room = min(F.FWD_STAGE_WB_SM, limit)
+                    assert minb * (p.smem + C.STATIC_SMEM_MARGIN) <= room, (n, limit, p)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
@@ -130,13 +138,13 @@ def test_every_width_gets_a_valid_plan(dtype, smem):
         for n in NS:
             if n % vec:
                 continue
-            c, short = CLUSTERS[smem], _launch.FWD_REG_ITEMS_SHORT
+            c, short = CLUSTERS[smem], F.FWD_REG_ITEMS_SHORT
             for plan, budget in (
-                (_launch.forward_plan(n, dtype, dtype, dtype, vec, smem, c), 64),
-                (_launch.forward_plan(n, dtype, dtype, dtype, vec, smem, c, short), 64),
-                (_launch.backward_plan(n, dtype, dtype, vec, smem, c), 16),
+                (F.forward_plan(n, dtype, dtype, dtype, vec, smem, c), 64),
+                (F.forward_plan(n, dtype, dtype, dtype, vec, smem, c, short), 64),
+                (B.backward_plan(n, dtype, dtype, vec, smem, c), 16),
             ):
-                fwd = plan.source != _compile.BWD_SOURCE
+                fwd = plan.kernel.name.startswith("ln_fwd")
                 # 16-bit backward rows in small blocks may take packs of half the width
                 small = not fwd and plan.tier == "reg" and plan.tpr < 256
                 narrow = small and dtype.itemsize == 2 and vec == 8 and plan.vec == 4
@@ -153,15 +161,15 @@ def test_every_width_gets_a_valid_plan(dtype, smem):
                     lone = not fwd and plan.block == plan.tpr and plan.items * plan.vec > budget
                     if lone:  # backward rows past BWD_LONE_FROM threads (the sums in shared)
                         assert (plan.block, plan.items) == (512, 4) and plan.smem == 229376, plan
-                        assert n > _launch.BWD_LONE_FROM * 16, plan
+                        assert n > B.BWD_LONE_FROM * 16, plan
                     else:
                         assert plan.items * plan.vec * acc_words <= budget, plan  # registers
-                    assert plan.items <= _launch.MAX_ITEMS
+                    assert plan.items <= C.MAX_ITEMS
                     # the backward's 16-bit rows of 64 threads of 3 packs of 4 share blocks
                     grouped = not fwd and plan.tpr == 64 and dtype.itemsize == 2 and vec == 8
-                    grouped = grouped and plan.items * plan.vec <= _launch.BWD_GROUP_VALUES
+                    grouped = grouped and plan.items * plan.vec <= B.BWD_GROUP_VALUES
                     if grouped:
-                        assert plan.block == _launch.BWD_GROUP_BLOCK, plan
+                        assert plan.block == B.BWD_GROUP_BLOCK, plan
                     else:
                         assert plan.tpr <= 32 or plan.tpr == plan.block, plan
                     assert plan.block <= _reg_block_max(fwd, dtype, vec)
@@ -173,32 +181,32 @@ def test_every_width_gets_a_valid_plan(dtype, smem):
                         # sums in shared memory (and only they go past 512 threads)
                         packs16 = dtype.itemsize == 2 and vec == 8
                         ahead = packs16 and plan.tpr >= 256
-                        shared = packs16 and plan.block >= _launch.BWD_SHARED_SUMS_BLOCK
+                        shared = packs16 and plan.block >= B.BWD_SHARED_SUMS_BLOCK
                         assert shared or plan.block <= 512, plan
                         # w (of x's dtype here) is staged in every such block, one copy a
                         # block, but not on sm_80 where it would leave the SM fewer blocks that
                         # copy ahead
-                        staged = plan.expr.endswith(", true>")
+                        staged = plan.arg("STAGE_W")
                         assert staged == packs16 or (ahead and smem == SMEM_A100), plan
-                        flags = ", ".join(str(f).lower() for f in (ahead, shared, staged))
-                        assert plan.expr.endswith(f", {plan.block}, {flags}>"), plan
+                        got = tuple(plan.arg(k) for k in ("BLOCK", "AHEAD", "SHARED_SUMS"))
+                        assert got == (plan.block, ahead, shared), plan
                         values = plan.block * plan.items * vec
                         pair = 2 * values * dtype.itemsize if ahead else 0
                         w_bytes = plan.tpr * plan.items * plan.vec * dtype.itemsize
                         sums = 2 * values * 4 if shared else 0
                         assert plan.smem == pair + (w_bytes if staged else 0) + sums, plan
-                        assert plan.smem <= smem - _launch.STATIC_SMEM_MARGIN, plan
+                        assert plan.smem <= smem - C.STATIC_SMEM_MARGIN, plan
                         # a block a row that shares its SM splits the launch bounds' threads
                         # evenly where the SM's shared memory holds the blocks
                         threads = 1024 if shared else 768
                         blocks = threads // plan.block
-                        held = blocks * (plan.smem + _launch.STATIC_SMEM_MARGIN) <= smem
+                        held = blocks * (plan.smem + C.STATIC_SMEM_MARGIN) <= smem
                         if packs16 and plan.tpr == plan.block and blocks >= 2 and held:
                             assert threads % plan.block == 0, plan
                 else:
                     assert plan.tpr == plan.block and plan.rows == 1
-                    assert plan.smem <= smem - _launch.STATIC_SMEM_MARGIN
-                if plan.tier in ("ring", "cluster") and plan.source == _compile.BWD_SOURCE:
+                    assert plan.smem <= smem - C.STATIC_SMEM_MARGIN
+                if plan.tier in ("ring", "cluster") and not fwd:
                     # each block's slices of x and dy fit its ring; dw/db accumulators in
                     # registers; the cluster's slices cover the row; lag 1 where two rows fit
                     c = plan.cluster
@@ -207,27 +215,28 @@ def test_every_width_gets_a_valid_plan(dtype, smem):
                     assert slice_bytes <= plan.smem, (n, plan)
                     if c > 1:
                         lag = int(2 * slice_bytes <= plan.smem)
-                        assert plan.expr.endswith(f", {plan.block}, {c}, {lag}>"), plan
+                        got = (plan.arg("BLOCK"), plan.arg("C"), plan.arg("LAG"))
+                        assert got == (plan.block, c, lag), plan
                     assert plan.items * vec <= budget * 2 and plan.rows == 1
                     assert plan.items * vec * plan.block * c >= n  # the row fits
                     assert vec * dtype.itemsize >= 4, plan  # cp.async copies 4, 8 or 16 bytes
-                    kernel = "ln_bwd_ring" if c == 1 else "ln_bwd_cluster"
-                    assert plan.expr.startswith(f"cupyln::{kernel}<")
+                    name = "ln_bwd_ring" if c == 1 else "ln_bwd_cluster"
+                    assert plan.kernel.name == name
                 elif plan.tier == "cluster":  # forward: a slice fits a block's ring, the row not
                     c = plan.cluster
                     slice_bytes = -(-(n // vec) // c) * vec * dtype.itemsize
                     assert slice_bytes <= plan.smem and plan.smem % 16 == 0, (n, plan)
-                    assert n * dtype.itemsize > smem - _launch.STATIC_SMEM_MARGIN, (n, plan)
+                    assert n * dtype.itemsize > smem - C.STATIC_SMEM_MARGIN, (n, plan)
                     assert c == 2 or 2 * slice_bytes > plan.smem, plan  # the fewest blocks
                     assert 1 < c <= CLUSTERS[smem] and vec * dtype.itemsize >= 4, plan
-                    assert plan.expr.startswith("cupyln::ln_fwd_cluster<")
-                    assert plan.expr.endswith(f", {plan.block}, {c}>"), plan
+                    assert plan.kernel.name == "ln_fwd_cluster"
+                    assert (plan.arg("BLOCK"), plan.arg("C")) == (plan.block, c), plan
                 elif plan.tier == "ring":  # one row fits the block's ring, one ring per block
                     assert n * dtype.itemsize <= plan.smem and plan.smem % 16 == 0
                     # past the register tier (every value budget, the largest block)
-                    assert n > _reg_block_max(fwd, dtype, vec) * _launch.MAX_ITEMS * vec, (n, plan)
+                    assert n > _reg_block_max(fwd, dtype, vec) * C.MAX_ITEMS * vec, (n, plan)
                     assert vec * dtype.itemsize >= 4, plan  # cp.async copies 4, 8 or 16 bytes
-                    assert plan.expr.startswith("cupyln::ln_fwd_ring<")
+                    assert plan.kernel.name == "ln_fwd_ring"
                 if plan.tier not in ("cluster", "reg"):
                     assert plan.cluster == 1
 
@@ -237,20 +246,28 @@ def _check_bwd_reg_cluster(plan, n, dtype, smem):
     that no block holds, over the fewest blocks (2, 4 or 8) of BWD_REG_CLUSTER_ITEMS vectors a
     thread, each of the fewest threads in steps of a warp; the slices cover the row."""
     c, vec, block = plan.cluster, plan.vec, plan.block
-    items = _launch.BWD_REG_CLUSTER_ITEMS
+    items = B.BWD_REG_CLUSTER_ITEMS
     assert dtype.itemsize == 2 and vec == 8 and c in (2, 4, 8) and c <= CLUSTERS[smem], plan
     assert smem == SMEM_H100
     assert plan.tpr == block and plan.rows == 1 and plan.items == items
-    assert _launch.BWD_REG_CLUSTER_LEAST <= block <= _launch.BWD_REG_CLUSTER_BLOCK, plan
+    assert B.BWD_REG_CLUSTER_LEAST <= block <= B.BWD_REG_CLUSTER_BLOCK, plan
     slots = block * items * vec
     assert n <= c * slots, plan  # the slices cover the row (odd widths may leave the last empty)
-    assert n > _launch.BWD_SHARED_SUMS_BLOCK_MAX * _launch.BWD_REG_VALUES  # no block holds it
-    widest = _launch.BWD_REG_CLUSTER_BLOCK * items * vec
+    assert n > B.BWD_SHARED_SUMS_BLOCK_MAX * B.BWD_REG_VALUES  # no block holds it
+    widest = B.BWD_REG_CLUSTER_BLOCK * items * vec
     assert c == 2 or n > (c // 2) * widest, plan  # the fewest blocks
-    assert block == _launch.BWD_REG_CLUSTER_LEAST or n > c * (block - 32) * items * vec, plan
-    t = "cupyln::" + ("bf16_t" if dtype.name == "bfloat16" else "half_t")
-    args = (t, t, vec, items, block, c, True)  # w of x's dtype: staged
-    assert plan.expr == _compile.template("ln_bwd_reg_cluster", *args), plan
+    assert block == B.BWD_REG_CLUSTER_LEAST or n > c * (block - 32) * items * vec, plan
+    want = kernel(
+        "ln_bwd_reg_cluster",
+        T=dtype,
+        TW=dtype,
+        VEC=vec,
+        ITEMS=items,
+        BLOCK=block,
+        C=c,
+        STAGE_W=True,
+    )  # w of x's dtype: staged
+    assert plan.kernel == want, plan
     # the next row's x and dy, the dw/db sums (float32) and w
     assert plan.smem == 3 * slots * dtype.itemsize + 2 * slots * 4, plan
 
@@ -261,11 +278,11 @@ def test_small_backward_blocks_fill_their_slots():
     (N = 520-768, 64 threads, four rows a block, others a block each); no thread slot empty in
     every row group, and packs of 8 bytes where they leave fewer element slots empty than
     16-byte packs."""
-    cdiv = _launch._cdiv
+    cdiv = C.cdiv
     for dtype in (d for d in DTYPES if d.itemsize == 2):
         shapes = {}
         for n in range(8, 1544, 8):
-            plan = _launch.backward_plan(n, dtype, dtype, 8, SMEM_H100, CLUSTERS[SMEM_H100])
+            plan = B.backward_plan(n, dtype, dtype, 8, SMEM_H100, CLUSTERS[SMEM_H100])
             assert plan.tier == "reg" and plan.tpr < 256 and plan.vec in (4, 8), (n, plan)
             packs = n // plan.vec
             assert plan.items == cdiv(packs, plan.tpr), (n, plan)  # none wholly empty
@@ -285,7 +302,7 @@ def test_small_backward_blocks_fill_their_slots():
             empty16 = tpr16 * cdiv(n // 8, tpr16) * 8 - n
             assert empty <= empty16 and (plan.vec == 8) == (empty == empty16), (n, plan)
             shapes[n] = (plan.vec, plan.items, plan.tpr)
-        # the measured widths (_launch._bwd_small_block); 512, 1024 as before
+        # the measured widths (backward._small_block); 512, 1024 as before
         assert shapes[384] == (4, 3, 32) and shapes[512] == (8, 2, 32)
         assert shapes[768] == (4, 3, 64) and shapes[1024] == (8, 2, 64)
         assert shapes[1280] == shapes[1536] == (8, 2, 96)
@@ -298,19 +315,19 @@ def test_short_backward_launches_group_more_rows():
     bf16 = [d for d in DTYPES if d.name == "bfloat16"][0]
     cases = ((768, 256, 256), (1024, 64, 256), (2048, 128, 256), (1152, 96, 96), (4096, 256, 256))
     for n, long_block, short_block in cases + ((512, 128, 128),):
-        plans = [_launch.backward_plan(n, bf16, bf16, 8, SMEM_H100, 8, s) for s in (False, True)]
+        plans = [B.backward_plan(n, bf16, bf16, 8, SMEM_H100, 8, s) for s in (False, True)]
         assert [p.block for p in plans] == [long_block, short_block], (n, plans)
         assert all(p.rows == p.block // p.tpr for p in plans)
-    plan = _launch.backward_plan(1024, bf16, bf16, 8, SMEM_H100, 8)
-    assert _launch.backward_short(8 * 1584 - 1, plan, 1584)
-    assert not _launch.backward_short(8 * 1584, plan, 1584)
+    plan = B.backward_plan(1024, bf16, bf16, 8, SMEM_H100, 8)
+    assert B.backward_short(8 * 1584 - 1, plan, 1584)
+    assert not B.backward_short(8 * 1584, plan, 1584)
 
 
 def test_tiers_by_width():
     bf16 = [d for d in DTYPES if d.name == "bfloat16"][0]
     f32 = np.dtype(np.float32)
-    assert _launch.forward_plan(1024, bf16, bf16, bf16, 8, SMEM_H100).tpr == 32  # centered
-    assert _launch.forward_plan(4096, bf16, bf16, bf16, 8, SMEM_H100).tier == "reg"
+    assert F.forward_plan(1024, bf16, bf16, bf16, 8, SMEM_H100).tpr == 32  # centered
+    assert F.forward_plan(4096, bf16, bf16, bf16, 8, SMEM_H100).tier == "reg"
     # 8 vectors a thread, in blocks of up to 1024 threads (without clusters; with them, 16-bit
     # rows of 6K-16K elements may keep 4: test_lean_16bit_rows)
     for n, dt, vec, block, items in (
@@ -321,13 +338,13 @@ def test_tiers_by_width():
         (16384, f32, 4, 512, 8),
         (32768, f32, 4, 1024, 8),
     ):
-        p = _launch.forward_plan(n, dt, dt, dt, vec, SMEM_H100)
+        p = F.forward_plan(n, dt, dt, dt, vec, SMEM_H100)
         assert (p.tier, p.block, p.items, p.cluster) == ("reg", block, items, 1), (n, dt, p)
     # on sm_90, rows of 16-byte vectors past 512 threads split over a cluster of blocks of at
     # most 512 (the fewest blocks), which copy w and b into shared memory where the SM's
     # blocks' copies fit 200 KB; float32 rows at two blocks per SM instead of three (20480), or
     # in blocks of 384 threads or more at one an SM, two rows a block (32768, 65536)
-    h100 = _launch.MAX_CLUSTER
+    h100 = C.MAX_CLUSTER
     for n, dt, vec, cluster, block, staged, lag in (
         (49152, bf16, 8, 2, 384, 98304, False),
         (65536, bf16, 8, 2, 512, 0, False),
@@ -338,10 +355,10 @@ def test_tiers_by_width():
         (131072, bf16, 8, 4, 512, 0, False),
         (262144, bf16, 8, 8, 512, 0, False),
     ):
-        p = _launch.forward_plan(n, dt, dt, dt, vec, SMEM_H100, h100)
-        got = (p.tier, p.cluster, p.block, p.items, p.smem, p.expr.endswith(", true>"))
+        p = F.forward_plan(n, dt, dt, dt, vec, SMEM_H100, h100)
+        got = (p.tier, p.cluster, p.block, p.items, p.smem, p.arg("LAG"))
         assert got == ("reg", cluster, block, 8, staged, lag), (n, dt, p)
-    assert _launch.forward_plan(32768, bf16, bf16, bf16, 8, SMEM_H100, h100).cluster == 1
+    assert F.forward_plan(32768, bf16, bf16, bf16, 8, SMEM_H100, h100).cluster == 1
     # wider rows through the ring kernel: blocks of 256 threads while a row fits a third of the
     # shared memory, else of 512; each ring holds one row
     f64 = np.dtype(np.float64)
@@ -352,7 +369,7 @@ def test_tiers_by_width():
         (36864, f32, 4, 512),
         (16400, bf16, 2, 256),  # narrow vectors: no register clusters
     ):
-        p = _launch.forward_plan(n, dt, dt, dt, vec, SMEM_H100, h100 if vec == 2 else 1)
+        p = F.forward_plan(n, dt, dt, dt, vec, SMEM_H100, h100 if vec == 2 else 1)
         assert (p.tier, p.block, p.smem) == ("ring", block, n * dt.itemsize), (n, dt, p)
     # rows too wide for one block's ring and not taken by the register clusters (narrower
     # vectors, float64, past 8 blocks of registers): split over the fewest blocks of a cluster
@@ -363,20 +380,20 @@ def test_tiers_by_width():
         (270000, bf16, 8, 8),
         (32768, f64, 2, 4),
     ):
-        p = _launch.forward_plan(n, dt, dt, dt, vec, SMEM_H100, h100)
+        p = F.forward_plan(n, dt, dt, dt, vec, SMEM_H100, h100)
         assert (p.tier, p.cluster, p.block) == ("cluster", cluster, 256), (n, dt, p)
     # backward: 16-bit rows in 16-byte packs stay in registers up to 16384 (1024 threads, the
     # dw/db sums in shared memory), float32 rows up to 8192; past the register tier x and dy
     # are staged in a ring with dw/db in registers up to 16384; wider rows split over a
     # cluster of such blocks (sm_90), else one block per row (x and dy staged or re-read)
-    h100 = _launch.MAX_CLUSTER
-    assert _launch.backward_plan(8192, bf16, bf16, 8, SMEM_H100, h100).tier == "reg"
-    assert _launch.backward_plan(8192, f32, f32, 4, SMEM_H100, h100).tier == "reg"
+    h100 = C.MAX_CLUSTER
+    assert B.backward_plan(8192, bf16, bf16, 8, SMEM_H100, h100).tier == "reg"
+    assert B.backward_plan(8192, f32, f32, 4, SMEM_H100, h100).tier == "reg"
     for n, dt, vec, tier, block in (
         (16384, bf16, 4, "ring", 512),
         (16384, f32, 4, "ring", 512),
     ):
-        p = _launch.backward_plan(n, dt, dt, vec, SMEM_H100, h100)
+        p = B.backward_plan(n, dt, dt, vec, SMEM_H100, h100)
         assert (p.tier, p.block, p.items * vec * p.block) == (tier, block, n), (n, dt, p)
     # 16-bit rows whose block at 2 vectors a thread would pass 640 threads run 512 threads of 4
     # vectors (the sums in shared memory), where those fit the SM (not sm_80's 163 KB)
@@ -389,11 +406,12 @@ def test_tiers_by_width():
         (12288, SMEM_A100, "reg", 768, 2),
         (16384, SMEM_A100, "ring", 512, 4),
     ):
-        p = _launch.backward_plan(n, bf16, bf16, 8, smem, h100)
+        p = B.backward_plan(n, bf16, bf16, 8, smem, h100)
         assert (p.tier, p.block, p.items) == (tier, block, items), (n, smem, p)
         if tier == "reg":
-            staged = str(smem == SMEM_H100).lower()  # sm_80: w does not fit beside them
-            assert p.expr.endswith(f", {items}, {block}, {block}, true, true, {staged}>"), (n, p)
+            staged = smem == SMEM_H100  # sm_80: w does not fit beside them
+            got = tuple(p.arg(k) for k in ("ITEMS", "TPR", "BLOCK", "AHEAD", "SHARED_SUMS"))
+            assert got + (p.arg("STAGE_W"),) == (items, block, block, True, True, staged), p
     # 16-bit rows in 16-byte packs in blocks that share an SM take the size that splits its
     # threads evenly (768 with the sums in registers, 1024 in shared memory): 4160-5120 in
     # blocks of 384, not 320; 6145-7168 in 512, not 448 (where the SM holds two of them)
@@ -407,10 +425,10 @@ def test_tiers_by_width():
         (8192, SMEM_H100, 512, True),
         (10240, SMEM_H100, 640, True),  # a lone block keeps its size
     ):
-        p = _launch.backward_plan(n, bf16, bf16, 8, smem, h100)
+        p = B.backward_plan(n, bf16, bf16, 8, smem, h100)
         assert (p.tier, p.tpr, p.block, p.items) == ("reg", block, block, 2), (n, p)
-        flags = f"true, {str(shared).lower()}, true"  # (w staged)
-        assert p.expr.endswith(f", {block}, {block}, {flags}>"), (n, p)
+        got = tuple(p.arg(k) for k in ("TPR", "BLOCK", "AHEAD", "SHARED_SUMS", "STAGE_W"))
+        assert got == (block, block, True, shared, True), (n, p)  # (w staged)
     # on sm_90, such 16-bit rows past one block split over the fewest blocks (2, 4 or 8) of at
     # most 256 threads of 4 vectors, in steps of a warp (register clusters, two rows a block);
     # rows one block holds stay in it
@@ -423,41 +441,42 @@ def test_tiers_by_width():
         (49152, 8, 192),
         (65536, 8, 256),
     ):
-        p = _launch.backward_plan(n, bf16, bf16, 8, SMEM_H100, h100)
+        p = B.backward_plan(n, bf16, bf16, 8, SMEM_H100, h100)
         assert (p.tier, p.cluster, p.block, p.items) == ("reg", cluster, block, 4), (n, p)
-        assert p.expr.endswith(f", 4, {block}, {cluster}, true>"), (n, p)  # (w staged)
+        got = tuple(p.arg(k) for k in ("ITEMS", "BLOCK", "C", "STAGE_W"))
+        assert got == (4, block, cluster, True), (n, p)  # (w staged)
     for n, dt, vec, cluster in (
         (98304, bf16, 8, 8),
         (32768, bf16, 4, 2),
         (32768, f32, 4, 2),
         (131072, bf16, 8, 8),
     ):
-        p = _launch.backward_plan(n, dt, dt, vec, SMEM_H100, h100)
+        p = B.backward_plan(n, dt, dt, vec, SMEM_H100, h100)
         assert (p.tier, p.cluster) == ("cluster", cluster), (n, dt, p)
         assert p.items * vec * p.block * cluster >= n, (n, dt, p)
-    assert _launch.backward_plan(32768, bf16, bf16, 8, SMEM_H100).tier == "row"  # no clusters
-    assert _launch.backward_plan(262144, bf16, bf16, 8, SMEM_H100, h100).tier == "row"
+    assert B.backward_plan(32768, bf16, bf16, 8, SMEM_H100).tier == "row"  # no clusters
+    assert B.backward_plan(262144, bf16, bf16, 8, SMEM_H100, h100).tier == "row"
     # odd widths of 16-bit elements (2-byte accesses, which cp.async cannot copy) stay in the
     # row tier, staged in shared memory
-    staged = _launch.forward_plan(65537, bf16, bf16, bf16, 1, SMEM_H100)
+    staged = F.forward_plan(65537, bf16, bf16, bf16, 1, SMEM_H100)
     assert staged.tier == "row" and staged.smem == 131088
-    huge = _launch.forward_plan(10**6, f32, f32, f32, 4, SMEM_H100)
+    huge = F.forward_plan(10**6, f32, f32, f32, 4, SMEM_H100)
     assert huge.tier == "row" and huge.smem == 0  # re-read: a slower path, not a wrong one
-    assert "true" in staged.expr and "false" in huge.expr
+    assert staged.arg("STAGE") and not huge.arg("STAGE")
 
 
 def test_short_launches_keep_fewer_vectors():
     """8 vectors a forward thread where the launch has FWD_SHORT_WAVES waves of 1024 threads on
     every SM, else 4, taken where one block of up to 512 threads still holds the row."""
     bf16 = [d for d in DTYPES if d.name == "bfloat16"][0]
-    assert _launch.forward_items(2**27 // 1024, 1024, 8, 132) == 8
-    assert _launch.forward_items(4096, 1024, 8, 132) == 4
-    m = _launch.FWD_SHORT_WAVES * 132 * 1024 // 16  # 16 threads a row at 8 vectors
-    assert _launch.forward_items(m, 1024, 8, 132) == 8
-    assert _launch.forward_items(m - 1, 1024, 8, 132) == 4
-    assert _launch.forward_items(m - 1, 1024, 8, 66) == 8  # fewer SMs fill sooner
+    assert F.forward_items(2**27 // 1024, 1024, 8, 132) == 8
+    assert F.forward_items(4096, 1024, 8, 132) == 4
+    m = F.FWD_SHORT_WAVES * 132 * 1024 // 16  # 16 threads a row at 8 vectors
+    assert F.forward_items(m, 1024, 8, 132) == 8
+    assert F.forward_items(m - 1, 1024, 8, 132) == 4
+    assert F.forward_items(m - 1, 1024, 8, 66) == 8  # fewer SMs fill sooner
     for n, items, block in ((1024, 4, 128), (16384, 4, 512), (32768, 8, 512)):
-        p = _launch.forward_plan(n, bf16, bf16, bf16, 8, SMEM_H100, _launch.MAX_CLUSTER, 4)
+        p = F.forward_plan(n, bf16, bf16, bf16, 8, SMEM_H100, C.MAX_CLUSTER, 4)
         assert (p.tier, p.items, p.block, p.cluster) == ("reg", items, block, 1), (n, p)
 
 
@@ -475,7 +494,7 @@ def test_stream_16bit_rows():
     bf16 = [d for d in DTYPES if d.name == "bfloat16"][0]
     fp16 = np.dtype(np.float16)
     f32 = np.dtype(np.float32)
-    h100 = _launch.MAX_CLUSTER
+    h100 = C.MAX_CLUSTER
     shapes = {n: (n // 16, 2, False) for n in range(512, 4097, 512)}  # threads a row, packs
     shapes.update({n: (64, 2, True) for n in range(896, 1024, 8)})  # 112-127 packs of 128
     # wider rows, (threads, packs) a block a row: 8192 from FWD_STREAM_SHAPES; the rest
@@ -495,42 +514,40 @@ def test_stream_16bit_rows():
             (fp16, bf16, fp16),
             (bf16, fp16, bf16),
         ):
-            p = _launch.forward_plan(n, x, w, b, 8, SMEM_H100, h100, stream=True)
+            p = F.forward_plan(n, x, w, b, 8, SMEM_H100, h100, stream=True)
             if n not in shapes:
                 assert p.tier != "stream", (n, p)
                 continue
-            assert _launch.forward_plan(n, x, w, b, 8, SMEM_H100, h100).tier != "stream"
+            assert F.forward_plan(n, x, w, b, 8, SMEM_H100, h100).tier != "stream"
             tpr, steps, partial = shapes[n]
             block = 256 if tpr == 32 else tpr
             minb = 2048 // block  # blocks an SM: 2048 threads or the most under it
             got = (p.tier, p.block, p.tpr, p.items, p.rows, p.threads)
             assert got == ("stream", block, tpr, steps, block // tpr, minb * block), (n, p)
-            flag = "true" if partial else "false"
-            roll = "true" if n in (1024, 1536, 2048) else "false"  # pass 2 a loop
-            coherent = "true" if fp16 in (x, w, b) else "false"  # w and b through ld.global
-            tail = f", 8, {tpr}, {block}, {steps}, {minb}, {flag}, {roll}, {coherent}, true, true>"
-            assert p.expr.endswith(tail), p
-            assert _launch.forward_grid(70001, p, 0) == -(-70001 // (block // tpr))
+            roll = n in (1024, 1536, 2048)  # pass 2 a loop
+            coherent = fp16 in (x, w, b)  # w and b through ld.global
+            want = (8, tpr, block, steps, minb, partial, roll, coherent, True, True)
+            assert p.kernel.args[3:] == want, p
+            assert F.forward_grid(70001, p, 0) == -(-70001 // (block // tpr))
             for affine in ((True, False), (False, True), (False, False)):
-                q = _launch.forward_plan(n, x, w, b, 8, SMEM_H100, h100, stream=True, affine=affine)
-                flags = ", ".join("true" if f else "false" for f in affine)
-                assert q.tier == "stream" and q.expr == p.expr.replace("true, true>", flags + ">")
+                q = F.forward_plan(n, x, w, b, 8, SMEM_H100, h100, stream=True, affine=affine)
+                assert q.tier == "stream" and q.kernel.args == p.kernel.args[:-2] + affine
     for args in (
         (8192, bf16, f32, f32, 8, SMEM_H100, h100),  # float32 w and b
         (8192, f32, f32, f32, 4, SMEM_H100, h100),  # float32 rows
         (8192, bf16, bf16, bf16, 4, SMEM_H100, h100),  # 8-byte vectors
         (8192, bf16, bf16, bf16, 8, SMEM_H100, 1),  # no clusters (sm_80)
-        (8192, bf16, bf16, bf16, 8, SMEM_H100, h100, _launch.FWD_REG_ITEMS_SHORT),
-        (8192, bf16, bf16, bf16, 8, SMEM_H100, h100, _launch.FWD_REG_ITEMS, True),  # one wave
+        (8192, bf16, bf16, bf16, 8, SMEM_H100, h100, F.FWD_REG_ITEMS_SHORT),
+        (8192, bf16, bf16, bf16, 8, SMEM_H100, h100, F.FWD_REG_ITEMS, True),  # one wave
     ):
-        assert _launch.forward_plan(*args, stream=True).tier == "reg", args
+        assert F.forward_plan(*args, stream=True).tier == "reg", args
     # what a launch takes: long ones on fast DRAM (H200: 37 GB/s an SM; H100 SXM: 25) stream,
     # and short ones (fewer than FWD_SHORT_WAVES waves) where no register plan fits one wave
     args = (8192, bf16, bf16, bf16, 8, SMEM_H100, h100, 132)
-    h200 = _launch.forward_launch_plan(16384, *args, 4.8e12 / 132)
-    assert h200.tier == "stream" and _launch.forward_waves(16384, h200, 132) == 0.0, h200
-    assert _launch.forward_launch_plan(16384, *args, 3.35e12 / 132).tier == "reg"
-    assert _launch.forward_launch_plan(16384, *args).tier == "reg"  # DRAM speed not reported
+    h200 = F.forward_launch_plan(16384, *args, 4.8e12 / 132)
+    assert h200.tier == "stream" and F.forward_waves(16384, h200, 132) == 0.0, h200
+    assert F.forward_launch_plan(16384, *args, 3.35e12 / 132).tier == "reg"
+    assert F.forward_launch_plan(16384, *args).tier == "reg"  # DRAM speed not reported
     for m, n, tier in (
         (4096, 8192, "stream"),  # short: 4096 blocks of 256 threads, 792 resident
         (1024, 8192, "stream"),
@@ -546,17 +563,17 @@ def test_stream_16bit_rows():
         (37, 4096, "reg"),
         (16384, 768, "reg"),  # no stream shape
     ):
-        short = _launch.forward_launch_plan(m, n, *args[1:], 4.8e12 / 132)
-        assert _launch.forward_items(m, n, 8, 132) == _launch.FWD_REG_ITEMS_SHORT, (m, n)
+        short = F.forward_launch_plan(m, n, *args[1:], 4.8e12 / 132)
+        assert F.forward_items(m, n, 8, 132) == F.FWD_REG_ITEMS_SHORT, (m, n)
         assert short.tier == tier, (m, n, short)
         if tier == "stream":
-            assert short == _launch.forward_plan(n, *args[1:7], stream=True), (m, n)
-            slow = _launch.forward_launch_plan(m, n, *args[1:], 3.35e12 / 132)  # H100
-            assert slow.tier == "reg" and _launch.forward_waves(m, slow, 132) > 1, (m, n)
-    bare = _launch.forward_launch_plan(16384, *args, 4.8e12 / 132, (False, True))
-    assert bare.tier == "stream" and bare.expr.endswith(", false, true>"), bare
-    over = _launch.MAX_GRID + 1  # a block per row: more rows than a grid's blocks do not stream
-    assert _launch.forward_launch_plan(over, *args, 4.8e12 / 132).tier == "reg"
+            assert short == F.forward_plan(n, *args[1:7], stream=True), (m, n)
+            slow = F.forward_launch_plan(m, n, *args[1:], 3.35e12 / 132)  # H100
+            assert slow.tier == "reg" and F.forward_waves(m, slow, 132) > 1, (m, n)
+    bare = F.forward_launch_plan(16384, *args, 4.8e12 / 132, (False, True))
+    assert bare.tier == "stream" and (bare.arg("HAS_W"), bare.arg("HAS_B")) == (False, True)
+    over = C.MAX_GRID + 1  # a block per row: more rows than a grid's blocks do not stream
+    assert F.forward_launch_plan(over, *args, 4.8e12 / 132).tier == "reg"
 
 
 def test_lean_16bit_rows():
@@ -566,7 +583,7 @@ def test_lean_16bit_rows():
     ask for 1536 threads an SM."""
     bf16 = [d for d in DTYPES if d.name == "bfloat16"][0]
     f32 = np.dtype(np.float32)
-    h100 = _launch.MAX_CLUSTER
+    h100 = C.MAX_CLUSTER
     for n, block, items, minb in (
         (4608, 128, 8, 8),  # narrower than FWD_LEAN_FROM
         (6144, 192, 4, 8),
@@ -578,40 +595,40 @@ def test_lean_16bit_rows():
         (16384, 512, 4, 3),
         (16392, 320, 8, 3),  # 4 vectors would take 576 threads
     ):
-        for items_asked in (_launch.FWD_REG_ITEMS, _launch.FWD_REG_ITEMS_SHORT):
-            p = _launch.forward_plan(n, bf16, bf16, bf16, 8, SMEM_H100, h100, items_asked)
-            if items_asked == _launch.FWD_REG_ITEMS_SHORT and items == 8 and n < 16392:
+        for items_asked in (F.FWD_REG_ITEMS, F.FWD_REG_ITEMS_SHORT):
+            p = F.forward_plan(n, bf16, bf16, bf16, 8, SMEM_H100, h100, items_asked)
+            if items_asked == F.FWD_REG_ITEMS_SHORT and items == 8 and n < 16392:
                 # short launches: 4 vectors, and 1536 threads an SM for a block of its own
                 b4 = -(-n // 32 // 64) * 64
-                assert p.expr.endswith(f", 4, {b4}, {b4}, {1536 // b4}, false, 0>"), (n, p)
+                assert _reg_tail(p) == (4, b4, b4, 1536 // b4, False, 0), (n, p)
                 continue
-            tail = f", {items}, {block}, {block}, {minb}, false, 0>"
-            assert p.tier == "reg" and p.expr.endswith(tail), (n, items_asked, p)
+            tail = (items, block, block, minb, False, 0)
+            assert p.tier == "reg" and _reg_tail(p) == tail, (n, items_asked, p)
     # float32 w and b, or float32 rows: 8 vectors and 1024 threads an SM
-    p = _launch.forward_plan(16384, bf16, f32, f32, 8, SMEM_H100, h100)
-    assert p.expr.endswith(", 8, 256, 256, 4, false, 0>"), p
-    p = _launch.forward_plan(8192, f32, f32, f32, 4, SMEM_H100, h100)
-    assert p.expr.endswith(", 8, 256, 256, 4, false, 0>"), p
+    p = F.forward_plan(16384, bf16, f32, f32, 8, SMEM_H100, h100)
+    assert _reg_tail(p) == (8, 256, 256, 4, False, 0), p
+    p = F.forward_plan(8192, f32, f32, f32, 4, SMEM_H100, h100)
+    assert _reg_tail(p) == (8, 256, 256, 4, False, 0), p
     # rows of up to a warp at 4 vectors keep 1024 (several rows a block)...
-    p = _launch.forward_plan(640, bf16, bf16, bf16, 8, SMEM_H100, h100, 4)
-    assert p.expr.endswith(", 4, 32, 128, 8, false, 0>"), p
+    p = F.forward_plan(640, bf16, bf16, bf16, 8, SMEM_H100, h100, 4)
+    assert _reg_tail(p) == (4, 32, 128, 8, False, 0), p
     # ...but where 3 fill the row's slots, centered in those 3 at 1024 threads an SM
     # (FWD_CENTER_EXACT), in short and long launches, with 16-bit w and b on sm_90
     for n, tpr in ((192, 8), (384, 16), (768, 32)):
-        for items in (_launch.FWD_REG_ITEMS_SHORT, _launch.FWD_REG_ITEMS):
-            p = _launch.forward_plan(n, bf16, bf16, bf16, 8, SMEM_H100, h100, items)
-            assert p.expr.endswith(f", 3, {tpr}, 128, 8, true, 3>"), p
-            p = _launch.forward_plan(n, bf16, f32, f32, 8, SMEM_H100, h100, items)  # as loaded
-            assert p.expr.endswith(f", {items}, {tpr * 4 // items}, 128, 8, false, 0>"), p
-            p = _launch.forward_plan(n, bf16, bf16, bf16, 8, SMEM_A100, 1, items)  # sm_80
-            assert p.expr.endswith(f", {items}, {tpr * 4 // items}, 128, 8, false, 0>"), p
-    p = _launch.forward_plan(768, f32, f32, f32, 4, SMEM_H100, h100, 4)  # float32: as loaded
-    assert p.expr.endswith(", 4, 64, 64, 16, false, 0>"), p
+        for items in (F.FWD_REG_ITEMS_SHORT, F.FWD_REG_ITEMS):
+            p = F.forward_plan(n, bf16, bf16, bf16, 8, SMEM_H100, h100, items)
+            assert _reg_tail(p) == (3, tpr, 128, 8, True, 3), p
+            p = F.forward_plan(n, bf16, f32, f32, 8, SMEM_H100, h100, items)  # as loaded
+            assert _reg_tail(p) == (items, tpr * 4 // items, 128, 8, False, 0), p
+            p = F.forward_plan(n, bf16, bf16, bf16, 8, SMEM_A100, 1, items)  # sm_80
+            assert _reg_tail(p) == (items, tpr * 4 // items, 128, 8, False, 0), p
+    p = F.forward_plan(768, f32, f32, f32, 4, SMEM_H100, h100, 4)  # float32: as loaded
+    assert _reg_tail(p) == (4, 64, 64, 16, False, 0), p
     # devices without clusters (sm_80) keep 8 vectors and 1024 threads
-    p = _launch.forward_plan(16384, bf16, bf16, bf16, 8, SMEM_H100, 1)
-    assert p.expr.endswith(", 8, 256, 256, 4, false, 0>"), p
-    p = _launch.forward_plan(16384, bf16, bf16, bf16, 8, SMEM_A100, 1, 4)
-    assert p.expr.endswith(", 4, 512, 512, 2, false, 0>"), p
+    p = F.forward_plan(16384, bf16, bf16, bf16, 8, SMEM_H100, 1)
+    assert _reg_tail(p) == (8, 256, 256, 4, False, 0), p
+    p = F.forward_plan(16384, bf16, bf16, bf16, 8, SMEM_A100, 1, 4)
+    assert _reg_tail(p) == (4, 512, 512, 2, False, 0), p
 
 
 def test_short_launches_fill_one_wave():
@@ -620,11 +637,11 @@ def test_short_launches_fill_one_wave():
     it fills more than the first plan's waves do on average."""
     bf16 = [d for d in DTYPES if d.name == "bfloat16"][0]
     f64 = np.dtype(np.float64)
-    h100 = _launch.MAX_CLUSTER
+    h100 = C.MAX_CLUSTER
 
     def plan(m, n, clusters=h100, dt=bf16):
         vec = 16 // dt.itemsize
-        return _launch.forward_launch_plan(m, n, dt, dt, dt, vec, SMEM_H100, clusters, 132)
+        return F.forward_launch_plan(m, n, dt, dt, dt, vec, SMEM_H100, clusters, 132)
 
     for m, n, items, tpr, threads in (
         (3000, 1024, 4, 32, 768),  # one wave at 768 threads already
@@ -646,41 +663,41 @@ def test_short_launches_fill_one_wave():
     ):
         p = plan(m, n)
         assert (p.items, p.tpr, p.threads) == (items, tpr, threads), (m, n, p)
-        w = _launch.forward_waves(m, p, 132)
+        w = F.forward_waves(m, p, 132)
         assert w == -(-m // p.rows) / (132 * (threads // p.block)), (m, n, p)
     assert plan(4096, 1024, 1).threads == 768  # sm_80: no clusters, the first plan
     assert plan(4096, 1536, 1).items == 4
-    assert _launch.forward_waves(4096, plan(4096, 1024, dt=f64), 132) == 0  # double: no bounds
-    assert _launch.forward_waves(2048, plan(2048, 65536), 132) == 0  # a cluster
+    assert F.forward_waves(4096, plan(4096, 1024, dt=f64), 132) == 0  # double: no bounds
+    assert F.forward_waves(2048, plan(2048, 65536), 132) == 0  # a cluster
 
 
 def test_vector_width():
-    assert _launch.vector_width(2, 4096, (4096,), (0, 256)) == 8
-    assert _launch.vector_width(2, 4096, (4097,), (0,)) == 1  # odd row stride
-    assert _launch.vector_width(2, 4096, (4096,), (2,)) == 1  # slice starting at element 1
-    assert _launch.vector_width(2, 1000, (1000,), (0,)) == 8
-    assert _launch.vector_width(2, 1004, (1004,), (8,)) == 4
-    assert _launch.vector_width(4, 769, (769,), (0,)) == 1
-    assert _launch.vector_width(8, 1000, (1000,), (16,)) == 2
-    assert _launch.vector_width(8, 1000, (1000,), (8,)) == 1
+    assert C.vector_width(2, 4096, (4096,), (0, 256)) == 8
+    assert C.vector_width(2, 4096, (4097,), (0,)) == 1  # odd row stride
+    assert C.vector_width(2, 4096, (4096,), (2,)) == 1  # slice starting at element 1
+    assert C.vector_width(2, 1000, (1000,), (0,)) == 8
+    assert C.vector_width(2, 1004, (1004,), (8,)) == 4
+    assert C.vector_width(4, 769, (769,), (0,)) == 1
+    assert C.vector_width(8, 1000, (1000,), (16,)) == 2
+    assert C.vector_width(8, 1000, (1000,), (8,)) == 1
 
 
 def test_grid_is_persistent_and_covers_rows():
-    assert _launch.grid_size(0, 4, 528) == 1
-    assert _launch.grid_size(37, 32, 528) == 2
-    assert _launch.grid_size(10**9, 4, 528) == 528  # never past the resident capacity
+    assert C.grid_size(0, 4, 528) == 1
+    assert C.grid_size(37, 32, 528) == 2
+    assert C.grid_size(10**9, 4, 528) == 528  # never past the resident capacity
 
 
 def _bwd_plan(rows, block, cluster=1):
-    return _launch.Plan("", "", "reg", 8, 2, block // rows, block, rows, 0, cluster)
+    return C.Plan(None, "reg", 8, 2, block // rows, block, rows, 0, cluster)
 
 
 def test_backward_grid():
     """Every block walks BWD_MIN_STEPS groups of rows, at most the resident blocks; a short
     grid grows by BWD_FILL to fill the SMs, to whole blocks an SM where that shortens the most
     loaded SM's walk, then shrinks to the fewest blocks of as many steps."""
-    steps = _launch.BWD_MIN_STEPS
-    grid = _launch.backward_grid
+    steps = B.BWD_MIN_STEPS
+    grid = B.backward_grid
     big = _bwd_plan(1, 512)
     assert grid(8192, big, 264, 132) == 264  # enough rows: the resident blocks
     assert grid(10**9, _bwd_plan(4, 128), 792, 132) == 792
@@ -711,27 +728,27 @@ def test_forward_grid_per_tier():
     limit; the kernels' row loops take the rest); its clusters and the staging tiers stay
     persistent, clusters counted in blocks."""
     bf16 = [d for d in DTYPES if d.name == "bfloat16"][0]
-    reg = _launch.forward_plan(1024, bf16, bf16, bf16, 8, SMEM_H100)  # 4 rows a block
+    reg = F.forward_plan(1024, bf16, bf16, bf16, 8, SMEM_H100)  # 4 rows a block
     assert reg.tier == "reg" and reg.rows == 4
-    assert _launch.forward_grid(1, reg, 528) == 1
-    assert _launch.forward_grid(10**6, reg, 528) == 250000  # past the resident capacity
-    assert _launch.forward_grid(2**40, reg, 528) == 2**31 - 1
-    h100 = _launch.MAX_CLUSTER
-    split = _launch.forward_plan(131072, bf16, bf16, bf16, 8, SMEM_H100, h100)
+    assert F.forward_grid(1, reg, 528) == 1
+    assert F.forward_grid(10**6, reg, 528) == 250000  # past the resident capacity
+    assert F.forward_grid(2**40, reg, 528) == 2**31 - 1
+    h100 = C.MAX_CLUSTER
+    split = F.forward_plan(131072, bf16, bf16, bf16, 8, SMEM_H100, h100)
     assert split.tier == "reg" and split.cluster == 4
-    assert _launch.forward_grid(1, split, 33) == 4  # a cluster for one row
-    assert _launch.forward_grid(10**6, split, 33) == 4 * 33  # the resident clusters walk rows
-    assert _launch.forward_grid(2**40, split, 33) == 4 * 33
-    ring = _launch.forward_plan(65544, bf16, bf16, bf16, 8, SMEM_H100)
-    assert ring.tier == "ring" and _launch.forward_grid(10**6, ring, 132) == 132
-    cl = _launch.forward_plan(270000, bf16, bf16, bf16, 8, SMEM_H100, h100)
-    assert cl.tier == "cluster" and _launch.forward_grid(10**6, cl, 33) == 33 * cl.cluster
+    assert F.forward_grid(1, split, 33) == 4  # a cluster for one row
+    assert F.forward_grid(10**6, split, 33) == 4 * 33  # the resident clusters walk rows
+    assert F.forward_grid(2**40, split, 33) == 4 * 33
+    ring = F.forward_plan(65544, bf16, bf16, bf16, 8, SMEM_H100)
+    assert ring.tier == "ring" and F.forward_grid(10**6, ring, 132) == 132
+    cl = F.forward_plan(270000, bf16, bf16, bf16, 8, SMEM_H100, h100)
+    assert cl.tier == "cluster" and F.forward_grid(10**6, cl, 33) == 33 * cl.cluster
 
 
 @pytest.mark.parametrize("m", [1, 7, 64, 1151, 70000, 2**31 // 4096 + 1])
 @pytest.mark.parametrize("n", [1, 33, 65537, 10**6])
 def test_dwdb_slices_cover_rows_within_grid_limits(m, n):
-    slices, per = _launch.dwdb_slices(m, n, 132)
+    slices, per = B.dwdb_slices(m, n, 132)
     assert 1 <= slices <= 65535 and per >= 1
     assert slices * per >= m and (slices - 1) * per < m  # every row in exactly one slice
 
@@ -743,13 +760,11 @@ def test_partial_reduce_covers_the_columns(n, sms, slices):
     """ln_partial_reduce: 8 columns a block (4 rows a warp load) where even 4 times the blocks
     of 32 columns leave SMs idle, else 32; blocks of (32, 8) threads under 256 partial rows,
     else (32, 32); both named in its template."""
-    cols, y = _launch.partial_reduce_shape(n, slices, sms)
+    f16, f32 = np.dtype("float16"), np.dtype("float32")
+    k, cols, y = B.reduce_kernel(n, slices, sms, f16, f32, f16)
     assert cols == (32 if 4 * -(-n // 32) > sms else 8)
     assert y == (8 if slices < 256 else 32)
-    expr = _launch.reduce_expr(
-        np.dtype("float16"), np.dtype("float32"), np.dtype("float16"), cols, y
-    )
-    assert expr == f"cupyln::ln_partial_reduce<float, float, cupyln::half_t, {y}, {cols}>"
+    assert k == kernel("ln_partial_reduce", A=f32, TW=f32, TB=f16, Y=y, C=cols)
 
 
 @pytest.mark.parametrize("d", [1, 3, 32, 256, 769, 4096, 65536, 10**6])
@@ -762,8 +777,8 @@ def test_jagged_plan_keeps_chunks_inside_the_invariant(d, dtype, max_seqlen, bac
     forward: one group's ring, the rings of all groups filling the block's share)."""
     dt = ref.BFLOAT16 if dtype == "bfloat16" else np.dtype(dtype)
     for limit in (SMEM_H100, SMEM_A100):
-        p = _launch.jagged_plan(d, dt, 1, limit, max_seqlen, backward)
-        assert p.smem <= limit - _launch.STATIC_SMEM_MARGIN and p.smem % 16 == 0
+        p = J.jagged_plan(d, dt, 1, limit, max_seqlen, backward)
+        assert p.smem <= limit - C.STATIC_SMEM_MARGIN and p.smem % 16 == 0
         if backward:
             assert p.cap * dt.itemsize * 2 <= p.smem
             room = p.smem // 2
