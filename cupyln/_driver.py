@@ -1,6 +1,6 @@
 """Kernel launch through the CUDA driver with a pre-packed argument buffer.
 
-``cupy.RawKernel.__call__`` inspects and converts every argument on each call (about 12 µs for
+``cupy.RawKernel.__call__`` inspects and converts every argument on each call (microseconds for
 ten arguments). A ``Launcher`` instead knows its kernel's parameter layout (a ``struct`` format:
 ``Q`` a pointer, ``q`` int64, ``i`` int32, ``f``/``d`` float/double) and packs the values into
 a buffer laid out as the C parameters are (native alignment), then hands ``cuLaunchKernel``

@@ -112,19 +112,11 @@ __device__ __forceinline__ void store_remote(const unsigned dst, const A v, cons
 //   The forward's register clusters take kAsyncCluster (with four slots where a block holds two
 //   rows, though a receive comes between its sends: measured faster than two); the backward's
 //   kAsync, with four slots (a row's sums sent before the previous row's are received); the
-//   staging clusters kBarrier.
-//   H200, M*N = 2**27, one process, best of 3, GB/s against kBarrier: forward bf16 N=65536
-//   (2 x 512) 3372 against 3263, fp16 3402 / 3249, float32 3469 / 3433, bf16 49152 (2 x 384)
-//   3143 / 3064, 131072 (4 x 512) 3151 / 3059 (kAsync there: 3293, 3229, 3297, 3223, 2939);
-//   backward bf16 N=20480 (4 x 320) 3150 / 2339, 24576 (4 x 384) 2933 / 2571, 28672 (4 x 448)
-//   2850 / 2472, 40960 (8 x 320) 3013 / 2190 (kAsyncCluster: 2624, 2454, 2758, 2544), in the
-//   clusters before the rows overlapped. Not taken: kAsync in the staging clusters (float32
-//   backward N=32768 3021 against 2834, but 65536 2545 / 2648, float64 forward 65536 2572 /
-//   2873). With the barrier's arrive relaxed (no release: wrong sums) the forward reached 3382 at
-//   bf16 N=65536. ptxas follows each successful kAsyncCluster wait with CCTL.IVALL, which empties
-//   the SM's L1 once a row: the forward clusters then read w and b from L2 (bf16 N=65536: 10-12%
-//   of L1's sectors hit, 47% with kAsync), at no measurable cost (w and b read from 64 packs only:
-//   -0.7% / +0.3%; kAsync 2-7% slower again at N=65536 and 131072; docs/benchmark-log.md).
+//   staging clusters kBarrier. Each was the fastest of the three where it is taken: the
+//   barrier's release of every earlier store costs the register clusters, and the mbarriers
+//   cost the staging clusters (docs/tuning.md). ptxas follows each successful kAsyncCluster
+//   wait with CCTL.IVALL, which empties the SM's L1 once a row: the forward clusters then read
+//   w and b from L2, at no measurable cost (kAsync keeps them in L1 and runs slower).
 enum class Sync { kBarrier, kAsync, kAsyncCluster };
 
 // W values from each of the C blocks of a cluster to every block, once a row: send() gives
@@ -159,8 +151,7 @@ struct ClusterExchange {
 
   // kAsync*: the parts' mbarriers, __shared__ memory of their own. Kept in one struct with
   // the slots (which every mode declares), they made the kBarrier kernels that stage rows in
-  // dynamic shared memory 8-17% slower (bf16 backward N=32768 2503 GB/s against 2721, float64
-  // 2423 / 2928; not profiled), so a kernel declares nothing for them.
+  // dynamic shared memory slower (not profiled), so a kernel declares nothing for them.
   __device__ __forceinline__ static unsigned long long* bars() {
     __shared__ unsigned long long bar[SLOTS];
     return bar;

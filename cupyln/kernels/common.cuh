@@ -149,8 +149,7 @@ __device__ __forceinline__ A widen_at(const Pack<T, VEC>& pk, const int k) {
 // A bf16 element is the high half of a float: read through the 32-bit word that holds it and
 // its neighbour, it costs one integer instruction (a shift for the low element, a mask for the
 // high one) where the element alone costs an extract and a shift. The 16-bit rows are bound by
-// issuing instructions more than by memory: on H200 the bf16 forward at N = 1024 issued on 73%
-// of cycles, with 1.9x the instructions of Inductor's kernel.
+// issuing instructions more than by memory (Nsight Compute), so every instruction shows.
 template <typename A, int VEC>
 __device__ __forceinline__ A widen_at(const Pack<bf16_t, VEC>& pk, const int k) {
   if constexpr (VEC % 2 == 0) {
@@ -258,9 +257,8 @@ __device__ __forceinline__ void store_words(void* __restrict__ p, const unsigned
 // bytes or several): as whole 16-byte words (store_words). A plain assignment of the struct may
 // become one store per element where the compiler loses the alignment: the backward of rows
 // split over a cluster (ln_bwd_reg_cluster) stored its 16-byte packs of dx as six 2-byte and one
-// 4-byte stores, which tripled the stores' sectors and took 40% longer (H200, bf16 N=8192 over
-// two blocks of 256 threads). The other kernels keep the plain assignment their measured speed
-// is of: they compile to whole 16-byte stores as it is, and the words measured 1-3% slower in
+// 4-byte stores, which tripled the stores' sectors. The other kernels keep the plain
+// assignment: they compile to whole 16-byte stores as it is, and the words measured slower in
 // some (the compiler unrolls differently around them).
 template <typename T, typename A, int VEC, bool WHOLE = false>
 __device__ __forceinline__ void store_pack(T* __restrict__ p, const A (&in)[VEC]) {

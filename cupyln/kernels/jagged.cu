@@ -29,8 +29,8 @@
 // Statistics are exact for large-mean data: the short path sums x minus a first mean (the mean
 // of the sequence's first row; the corrected two-pass variance), the long path x minus the
 // share's first element, and applies the mean in double.
-// The dense forward's ring tier (ln_fwd_ring, below jag_fwd_short) runs the same ring code on
-// the rows of a dense [M, N] batch, each row a sequence of one row (no offsets array).
+// The short path's ring forward lives in ring_forward.cuh, which the dense forward's ring tier
+// (layer_norm_fwd.cu, ln_fwd_ring) shares: there each row is a sequence of one row.
 // Backward: dx = rstd * (w*dy - (xhat * sum(w*dy*xhat) + sum(w*dy)) / (L*D)) per sequence, by
 // the same two paths; dw/db are column sums over all rows, computed by layer_norm_bwd.cu's
 // column kernel on per-row copies of the sequence statistics (jag_expand_stats).

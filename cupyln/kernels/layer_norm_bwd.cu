@@ -3,13 +3,13 @@
 // With xhat = (x - mean) * rstd and g = dy * w (g = dy without w):
 //   dx = rstd * (g - mean_N(g) - xhat * mean_N(g * xhat))
 //   dw = sum over rows of dy * xhat,    db = sum over rows of dy.
+// Parameters: CUPYLN_BWD_PARAMS (args.cuh), the same list for every kernel of this file but
+// ln_partial_reduce.
 // Inputs : dy, x [M, N] of T (own row strides, last dim contiguous), w [N] of TW or nullptr,
-//          mean, rstd [M] of A = AccOf<T>; the kernels that write partials also take inv_n,
-//          1 / N rounded to A (the register clusters compute their own). A parameter, read
-//          from the constant bank where a row's means are formed, takes no register: computed
-//          in the kernel, the value was spilled with the row step in fp16 blocks of 384
-//          threads (N = 4352-6144), and its reload after each row's barrier cost them 4-6%
-//          (H200, fp16 N=5120 3632 -> 3857 GB/s, 6144 3716 -> 3862).
+//          mean, rstd [M] of A = AccOf<T>; the kernels that write partials read inv_n, 1 / N
+//          rounded to A (the register clusters and the row tier compute their own): read from
+//          the constant bank where a row's means are formed, it takes no register, where a
+//          value computed in the kernel was spilled with the row step and reloaded each row.
 // Outputs: dx [M, N] of T, contiguous; dw_part, db_part [G, N] of A (dw_part may be nullptr
 //          when no dw is wanted), summed afterwards by ln_partial_reduce in a fixed order.
 //
@@ -26,17 +26,16 @@ namespace cupyln {
 
 // Blocks of the register tier asked to fit one SM (launch bounds): as many as hold 768 threads
 // for 16-bit T (80 registers a thread), 640 for wider T with at most 4 vector slots (102; more
-// slots spill), else one. H200, bf16 N=5120 3173 GB/s against 2344 with one block of 320
-// threads per SM, float32 4018 against 3448.
+// slots spill), else one: registers would otherwise leave a wide row's block alone on its SM.
 // With SHARED_SUMS (the dw/db sums in shared memory) a thread keeps only x and dy: 1024
-// threads per SM (64 registers); bf16 N=8192 3418 GB/s at two blocks of 512 against 3104 at one.
+// threads per SM (64 registers), so two blocks of 512 share an SM.
 // Those blocks also need their shared memory (the next row's packs and the sums, 16-byte packs
 // of T, and w with STAGE_W): no more of them than sm_90's 227 KB hold, so a lone block of 512
 // threads with 4 slots gets the registers it needs (96) instead of spilling at 64.
-// Blocks of several row groups of more than a warp (_launch.BWD_GROUP_BLOCK) whose threads hold
-// at most 12 elements of x (_launch.BWD_GROUP_VALUES) also get 1024 threads (64 registers, as
-// the lone 64-thread blocks of those rows reach unasked): bf16 N=768 3613 GB/s against 3325 at
-// 768 threads. Groups of wider rows (short launches) keep the 768 threads of their lone blocks.
+// Blocks of several row groups of more than a warp (the plan's BWD_GROUP_BLOCK) whose threads
+// hold at most 12 elements of x (BWD_GROUP_VALUES) also get 1024 threads (64 registers, as the
+// lone 64-thread blocks of those rows reach unasked; 768 threads an SM measured slower). Groups
+// of wider rows (short launches) keep the 768 threads of their lone blocks.
 template <typename T, int ITEMS, int VEC, int TPR, int BLOCK, bool SHARED_SUMS, bool STAGE_W>
 struct BwdRegBlocks {
   static constexpr bool lean = TPR > 32 && TPR < BLOCK && ITEMS * VEC <= 12;
@@ -51,9 +50,8 @@ struct BwdRegBlocks {
 };
 
 // Blocks of ln_bwd_reg_cluster asked to fit one SM: 512 threads an SM (128 registers a thread
-// for two rows of x and dy) in blocks of up to 256 threads (bf16 N=18432 and 40960: 4 and 8
-// blocks of 160 threads, three an SM; 32768 and 65536: 4 and 8 of 256, two an SM); one larger
-// block.
+// for two rows of x and dy) in blocks of up to 256 threads (three blocks of 160 an SM, two of
+// 256); one larger block.
 template <int BLOCK>
 struct LagBlocks {
   static constexpr int value = BLOCK <= 256 ? 512 / BLOCK : 1;
@@ -77,7 +75,7 @@ __device__ __forceinline__ void row_packs(const T* __restrict__ xr, const T* __r
 //   for its own columns in registers across all rows it visits. At the end the BLOCK / TPR
 //   row groups of a block are combined through shared memory in group order and the block
 //   writes row blockIdx.x of dw_part / db_part. Row groups of more than a warp in a block of
-//   several (TPR = 64 or 128, _launch.BWD_GROUP_BLOCK) sum their rows under their own named
+//   several (TPR = 64 or 128, BWD_GROUP_BLOCK) sum their rows under their own named
 //   barrier (group_barrier).
 //   x and dy stay in registers as loaded and are widened in each pass (BwdRegBlocks, KEEP_G).
 //   With AHEAD, the next row's x and dy come through shared memory: each thread copies its
@@ -88,21 +86,14 @@ __device__ __forceinline__ void row_packs(const T* __restrict__ xr, const T* __r
 //   dynamic shared memory after those packs (2 * BLOCK * ITEMS * VEC values of A), each thread
 //   owning its columns' sums as it owned the registers, and are added to in pass 2 (after the
 //   row's reduction, off the path to its barrier, and before g is formed again, so that x, dy
-//   and g are not all live: ptxas spilled 4-12 bytes in the blocks of 512 threads, and with w
-//   staged the register clusters of bf16 N=32768 / 65536 measured 2893 / 2946 GB/s against
-//   3010 / 3076 with g formed after the sums, fp16 32768 2927 / 3074): the registers left hold
+//   and g are not all live: ptxas spilled in the blocks of 512 threads, and the register
+//   clusters with w staged ran slower with g formed after the sums): the registers left hold
 //   x and dy, and blocks of up to 1024 threads fit.
-//   With STAGE_W (w of T's size; the launcher's rule, _launch.backward_plan, says where), the
-//   block copies its columns of w into shared memory once (TPR * ITEMS packs of TW): with
-//   AHEAD each thread its own packs after everything above; without, the first row group for
-//   all the block's groups at the start of the dynamic shared memory (then one barrier). Both
-//   passes read w from there, not through L1 (blocks without AHEAD: bf16 N=384-3072 +2.0% to
-//   +3.3%, _launch.py; with it, beside whose staged rows and sums L1 keeps 60 KB or less of
-//   the SM's 256 from N = 7168: H200, M*N = 2**27, one process, best of 3, bf16 GB/s against w
-//   through L1: N=4096 3854 / 3705, 5120 3797 / 3613, 6144 3831 / 3648, 8192 3699 / 3573,
-//   10240 3540 / 3417, 12288 3668 / 3456, 16384 3785 / 3509, 32768 2915 / 2792, 65536 2952 /
-//   2811; fp16 4096 3854 / 3806, 5120 3632 / 3566, 8192 3689 / 3613, 16384 3715 / 3407, 32768
-//   2956 / 2780).
+//   With STAGE_W (w of T's size; backward_plan says where), the block copies its columns of w
+//   into shared memory once (TPR * ITEMS packs of TW): with AHEAD each thread its own packs
+//   after everything above; without, the first row group for all the block's groups at the
+//   start of the dynamic shared memory (then one barrier). Both passes read w from there, not
+//   through L1, which the staged rows and sums of the wider blocks leave too small to keep it.
 //   ln_bwd_reg_cluster (sm_90+): rows split over a thread-block cluster of C such blocks, a
 //   row a cluster: block k holds the columns [k*S, (k+1)*S) of each row (S = BLOCK * ITEMS *
 //   VEC; the last block's slice may be shorter, or empty), the cluster walks rows q, q + Q, ...
@@ -114,15 +105,8 @@ __device__ __forceinline__ void row_packs(const T* __restrict__ xr, const T* __r
 //   slowest block overlaps a row's first pass. Rows alternate between the two register sets,
 //   and the exchanges go through four slots (one outstanding). The launch bounds ask for 512
 //   threads an SM (LagBlocks: 128 registers a thread for two rows of 4 packs of x and dy).
-//   H200, M*N = 2**27, `cupyln bench` of this tier and of the clusters before it (blocks of up
-//   to 512 threads of 2 packs that waited for each row's sums before the next row), back to
-//   back on one GPU (copy 4250), GB/s: bf16 N=18432 3045 / 3091, 20480 3136 / 3271, 24576
-//   3217 / 3184, 28672 3254 / 2997, 32768 3603 / 3086, 36864 2959 / 2941, 40960 3131 / 3145,
-//   49152 3147 / 3223, 57344 3224 / 3109, 65536 3586 / 3126; fp16 3095 / 3075, 3072 / 3215,
-//   3199 / 3021, 3328 / 3097, 3524 / 3189, 3097 / 2904, 3049 / 3073, 3267 / 3008, 3379 / 3141,
-//   3525 / 3185.
 // Limits: N <= C * TPR * ITEMS * VEC; 2 * ITEMS * VEC registers of A for the accumulators
-// (none with SHARED_SUMS) and up to as many for data (launcher: ITEMS * VEC <= 16, or 32 in a
+// (none with SHARED_SUMS) and up to as many for data (plans: ITEMS * VEC <= 16, or 32 in a
 // lone block with SHARED_SUMS, or in a cluster, whose blocks hold two rows); AHEAD needs packs
 // of 4, 8 or 16 bytes; C > 1 needs AHEAD, SHARED_SUMS, a block per row and 16-byte packs; row
 // groups of more than a warp: at most 15 a block (named barriers 1-15).
@@ -250,8 +234,7 @@ __device__ __forceinline__ void bwd_reg_rows(
   // xhat, dy and g = dy * w of the pack at col, slot i of set s, widened from the packs as
   // loaded (half the registers of float copies for 16-bit T). Where the launch bounds ask for
   // several blocks per SM, the second pass widens them again and reloads w (from L1); with one
-  // block per SM it keeps g from the first (KEEP_G: bf16 N=8192, 512 threads, 2811 GB/s against
-  // 2645 reloading on H200).
+  // block per SM it keeps g from the first (KEEP_G), which measured faster than reloading.
   auto xhat = [&](const int s, const int i, const int k) {
     return (widen_at<A>(rx[s][i], k) - mu_s[s]) * r_s[s];
   };
@@ -262,12 +245,9 @@ __device__ __forceinline__ void bwd_reg_rows(
   // (taken as xhat, x * r - hi errs by up to 2^-24 |mu * r|: 0.5 in a row of 30000s, whose rstd
   // is 1/sqrt(eps)). Pass 2 of every 16-bit row forms dx as g * r - xhat * (c1 * r) - c2 * r,
   // two fused multiply-adds where (g - (xhat * c1 + c2)) * r takes three. 16-bit rows are bound
-  // by issuing instructions, float16's by the FMA pipe, which each of its widenings takes too.
-  // H200, M*N = 2**27, one process, best of 3, GB/s against the plain forms: fp16 N=12288
-  // 3667 / 3601, 16384 3785 / 3718, 32768 3615 / 3539, 65536 3576 / 3523; bf16 8192 3708 /
-  // 3659, 32768 3649 / 3613, 65536 3620 / 3577. The rows that form dw/db in pass 1 keep xhat
-  // plain there, as dw needs it (fp16 N=5120 3633 / 3630; 3708 with the fused xhat and no
-  // correction, which dw's would cost again).
+  // by issuing instructions, float16's by the FMA pipe, which each of its widenings takes too,
+  // so every instruction saved there shows. The rows that form dw/db in pass 1 keep xhat plain
+  // there, as dw needs it (the correction dw's fused xhat needs costs what the fusion saves).
   constexpr bool FUSED = sizeof(T) == 2 && SHARED_SUMS;
   auto hi = [&](const int s) { return mu_s[s] * r_s[s]; };
   auto xhat_lo = [&](const int s, const int i, const int k) {
@@ -407,8 +387,7 @@ __device__ __forceinline__ void bwd_reg_rows(
       A s1, s2;
       pass1(0, s1, s2);
       // AHEAD: the next row's copies go out before the block's barrier, so they overlap the
-      // wait for its slowest warp (H200, bf16 N=12288 3253 GB/s against 2999 after the
-      // barrier, 16384 3194 / 3047, 8192 3563 / 3502)
+      // wait for its slowest warp
       if constexpr (AHEAD) prefetch(row + step);
       group_sum2<TPR, true, BLOCK>(s1, s2, red);
       pass2(0, row, s1 * inv_n, s2 * inv_n);
@@ -485,7 +464,6 @@ __global__ void CUPYLN_CLUSTER(C) __launch_bounds__(BLOCK, LagBlocks<BLOCK>::val
   __shared__ A xch[4 * C * 2];  // four slots of two sums a block
   release_dependents();
   // 1 / N computed here, not the parameter: taking it changed ptxas's allocation for the worse
-  // (H200, bf16 N=20480 3134 -> 3102 GB/s, with w of float32 2351 -> 2219)
   bwd_reg_rows<T, TW, VEC, ITEMS, BLOCK, BLOCK, true, true, C, STAGE_W>(
       dy, dy_stride, x, x_stride, w, mean, rstd, dx, dw_part, db_part, M, N, A(1) / A(N), xch);
 }
@@ -800,7 +778,7 @@ __global__ void __launch_bounds__(256, 1)
 //   are added in y order, and the 32 / C lanes of a column in lane order. With C = 8 a warp's
 //   load reads 32 bytes of each of 4 partial rows, 4 times the blocks of C = 32 for narrow N.
 //   The grid is at most what the device holds at once; block b sums the column chunks b,
-//   b + gridDim.x, ... (partial_reduce_shape picks Y and C).
+//   b + gridDim.x, ... (the plans' reduce_kernel picks Y and C).
 template <typename A, typename TW, typename TB, int Y, int C>
 __global__ void __launch_bounds__(32 * Y, 1)
     ln_partial_reduce(const A* __restrict__ dw_part, const A* __restrict__ db_part, const int G,

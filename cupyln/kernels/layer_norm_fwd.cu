@@ -1,5 +1,6 @@
 // cupyln/kernels/layer_norm_fwd.cu -- LayerNorm forward: y = (x - mean) * rstd * w + b.
 //
+// Parameters: CUPYLN_FWD_PARAMS (args.cuh), the same list for every kernel of this file.
 // Inputs : x [M, N] of T, row r at x + r * x_stride (last dim contiguous); w [N] of TW and
 //          b [N] of TB, each optional (nullptr = no scale / no shift).
 // Outputs: y [M, N] of T, contiguous; mean [M] and rstd [M] of A = AccOf<T> (float, or double
@@ -15,18 +16,19 @@
 //
 // Block-wide sums alternate between two shared buffers (mean, variance), so each costs one
 // barrier: two per row.
-// Rows are walked with a grid-stride loop (64-bit row offsets; any M with any grid: the launcher
-// gives the register tier a block per group of rows, the other tiers their resident capacity),
+// Rows are walked with a grid-stride loop (64-bit row offsets; any M with any grid: the plans
+// give the register tier a block per group of rows, the other tiers their resident capacity),
 // except in the stream tier, a block per row.
 // Vector width VEC is chosen by the host so that N, the row stride and every pointer are
 // multiples of VEC elements (16-byte accesses where possible).
 // On sm_90, 16-bit rows of some widths from 512 to 20K elements stream instead (ln_fwd_stream:
 // the threads of a row read it from HBM and again from L1 or L2, at more resident threads than
 // registers holding the row allow). Rows too wide for one block's registers at several blocks
-// an SM split over a thread-block cluster of register blocks (ln_fwd_reg_cluster). Other rows past
-// the register tier that fit shared memory take the ring tier, kernels/jagged.cu ln_fwd_ring
-// (the next rows load while one is reduced), and rows too wide for one block's ring the
-// cluster tier below (sm_90); cupyln/_launch.py chooses.
+// an SM split over a thread-block cluster of register blocks (ln_fwd_reg_cluster). Other rows
+// past the register tier that fit shared memory take the ring tier, ln_fwd_ring (the next rows
+// load while one is reduced), and rows too wide for one block's ring the cluster tier
+// (ln_fwd_cluster, sm_90); what remains, the row tier (ln_fwd_row). cupyln/_plans/forward.py
+// chooses; docs/tuning.md has the measurements behind each choice.
 #include "args.cuh"
 #include "cluster.cuh"
 #include "common.cuh"
@@ -88,28 +90,22 @@ __device__ __forceinline__ void center(Pack<A, VEC> (&dst)[ITEMS], const S (&src
 //   All of a row's loads are issued before the first is used, so each thread has ITEMS * 16
 //   bytes in flight. Then the passes read the row in one of two forms:
 //   * as loaded (CENTER false), widened again in each of the three passes: for 16-bit T half
-//     the registers of float copies, so wide rows keep more of themselves on an SM (bf16
-//     N=8192 3500 GB/s against 2900 with float copies of 8 vectors a thread on H200);
+//     the registers of float copies, so wide rows keep more of themselves on an SM;
 //   * centered (CENTER): x - shift in A, once, then less the mean too, so each pass costs
 //     one instruction (sum, square, scale) where the loaded form costs three or four. 16-bit
-//     rows are bound by issuing instructions (Nsight Compute, bf16 N=1024: 73% of cycles
-//     issuing, 1.9x the instructions of Inductor's kernel): 4 vectors a thread kept as float
-//     copies measured 2-4% faster than 8 vectors as loaded up to N=4096 (bf16 N=2048 4080
-//     GB/s against 3936, float64 N=1024 4104 against 3692); float32 rows, which convert
-//     nothing, within -1%..+0.6%. The copy is a separate array for 16-bit T, the loaded one
-//     itself where T is A.
+//     rows are bound by issuing instructions more than by memory, so narrow rows kept as float
+//     copies run faster; float32 rows, which convert nothing, gain nothing. The copy is a
+//     separate array for 16-bit T, the loaded one itself where T is A.
 //   WHOLE: slots i < WHOLE are inside the row for every thread, read and written without the
 //   per-slot check against N: at 64 registers ptxas keeps the centered copies of unchecked
-//   slots and spills checked ones (bf16 N=1024, 68 bytes). Rows as loaded keep their checks
-//   (with none, ptxas widens every element once, holds the floats and spills).
-//   Loading the next row ahead of the current row's reductions was measured slower, into
+//   slots and spills checked ones. Rows as loaded keep their checks (with none, ptxas widens
+//   every element once, holds the floats and spills).
+//   Loading the next row ahead of the current row's reductions measured slower, into
 //   registers (they cost more occupancy than the overlap gains) and with cp.async into shared
-//   memory (bf16 N=12288 2879 GB/s against 3479; float32 N=32768 at 1024 threads 3077
-//   against 3560).
-//   MINB: blocks per SM asked of ptxas (launch bounds), so registers do not cap occupancy
-//   (bf16 N=32768, 512 threads: 2 blocks at 64 registers, 3216 GB/s against 2807 with 1 at 71).
+//   memory.
+//   MINB: blocks per SM asked of ptxas (launch bounds), so registers do not cap occupancy.
 // Limits: N <= TPR * ITEMS * VEC, and WHOLE * TPR * VEC <= N; registers grow with ITEMS * VEC
-// (the launcher keeps it <= 64 values as loaded, 16 for double; centered, <= 128 bytes of A).
+// (the plans keep it <= 64 values as loaded, 16 for double; centered, <= 128 bytes of A).
 template <typename T, typename TW, typename TB, int VEC, int ITEMS, int TPR, int BLOCK, int MINB,
           bool CENTER, int WHOLE>
 __global__ void __launch_bounds__(BLOCK, MINB)
@@ -172,7 +168,7 @@ __global__ void __launch_bounds__(BLOCK, MINB)
 }
 
 // Tier "stream" (sm_90, 16-bit rows of 512-20K elements in long launches, and in short ones
-// that the register rows would run in more than one wave; _launch.py says which): TPR threads
+// that the register rows would run in more than one wave; the plans say which): TPR threads
 // per row that read the row twice and hold none of it, a block per row (TPR == BLOCK) or, for
 // rows of a warp, BLOCK / TPR rows a block.
 //   N = NCH * TPR * VEC (16-byte packs; PARTIAL below): thread t of a row owns packs
@@ -188,40 +184,28 @@ __global__ void __launch_bounds__(BLOCK, MINB)
 //   other blocks' rows and w and b stay there), the next pack in flight, and writes
 //   y = (x - (k + mean)) * rstd * w + b.
 //   A thread needs 32 registers: MINB * BLOCK = 2048 threads an SM (1792-1920 in blocks that do
-//   not divide it), where the register rows
-//   that hold the row get 1536 at 40 (H200, bf16, M*N = 2**27, x read from HBM once: N = 4096
-//   4151 GB/s against 4007, 12288 4109 / 3958, 16384 4012 / 3965 with three x rotated between
-//   calls; Nsight Compute of its prototype: 268-270 MB read from DRAM a call, x once). Its
-//   shape is measured: a grid-stride loop over rows halved it (N = 4096: 2096 GB/s), the
-//   statistics stored after y cost 5-7% at N = 12288-16384, and without the policies pass 2
-//   misses L2 as the rows grow (N = 16384: 2795 GB/s); more packs a thread lost (N = 16384
-//   over 256 threads: 3251), as did x loaded past L1 in pass 1 too (pass 2 then misses L1;
-//   N = 8192 3791 against 3970, where pass 2 alone past L1 took 3970 to 4064). The
-//   loads of x are volatile (load_hinted): pass 2 reads memory again. Each thread stores only
+//   not divide it), where the register rows that hold the row get 1536 at 40, and x is still
+//   read from HBM once (Nsight Compute). Its shape is measured: a grid-stride loop over rows,
+//   the statistics stored after y, pass 2 without the L2 policies, more packs a thread and x
+//   loaded past L1 in pass 1 too (pass 2 then misses L1) were each slower. The loads of x are
+//   volatile (load_hinted): pass 2 reads memory again. Each thread stores only
 //   packs it has read itself, after every thread of its row has read the shift (the row's sums,
 //   barriers or warp shuffles, come between), so y may be x.
 //   HAS_W / HAS_B: w / b given (non-null); compile-time flags, as a run-time test of each
-//   pointer inside pass 2 made ptxas spill 24-40 bytes a thread at 3 and 4 packs (now up to 8
-//   with both given, 16 without one or both).
-//   ROLL: pass 2 is a loop, not unrolled (_launch.py says where: rows of 64-128 threads of 2
-//   packs, 0.3-1.5% faster). Rolled, no shape spills; unrolled, ptxas interleaves a pack's y
-//   with the next pack's loads and some shapes spilled 4-20 bytes (fp16 N=16384 among them,
-//   before COHERENT_WB), but rolled lost 1-4% at N = 2560-8192 and 20480: the spills do not
-//   decide.
+//   pointer inside pass 2 made ptxas spill at 3 and 4 packs.
+//   ROLL: pass 2 is a loop, not unrolled (the plans say where: rows of 64-128 threads of 2
+//   packs). Rolled, no shape spills; unrolled, ptxas interleaves a pack's y with the next
+//   pack's loads and some shapes spill, but rolled lost on wider rows: the spills do not decide.
 //   COHERENT_WB: pass 2 reads w and b through ld.global (load_read_only<true>) instead of the
 //   read-only path their plain reads compile to; ptxas then stores each pack's y before the
-//   next pack's arithmetic, and rows with float16 in x, w or b spill nothing with w and b given
-//   (fp16 N=16384 spilled 4 bytes a thread: +1.8%, 3967 / 4037 GB/s; 3072 and 5120 +0.8-1.5%;
-//   x or w and b of bf16 with the other fp16, 16384 +1.7-1.9%). bf16 rows took -1.5% to +0.4%
-//   (8192: 4048 / 4009): _launch.py takes it where x, w or b is float16.
-//   Narrow rows (N = 512-4096) stream at 2 packs a thread, 32-256 threads a row (bf16 N=512
-//   3994 GB/s against 3962 for the register rows, 1024 4071 / 4006, 1536 4099 / 3953, 3584
-//   4175 / 3825); 1 pack lost (N=1024 over 128 threads: 3735 / 3983), as did a warp of 3-4
-//   (768: 3797 / 3972, 1024: 3722 / 4008) and 3 packs where 2 fit (1536 over 64: 4020).
+//   next pack's arithmetic, and rows with float16 in x, w or b spill nothing with w and b
+//   given. bf16 rows did not gain: the plans take it where x, w or b is float16.
+//   Narrow rows (N = 512-4096) stream at 2 packs a thread, 32-256 threads a row; one pack a
+//   thread, 3-4 packs a warp, and 3 packs where 2 fit were slower.
 //   PARTIAL: the row's packs P fill only some of the NCH * TPR slots, P > (NCH - 1) * TPR (every
 //   thread holds its first pack): a thread skips its packs past the row, and the row's threads
-//   merge their states weighted by their counts (N = 896-1016 over 64 threads: bf16 N=1000 3976
-//   / 3929; rows filling less, or of more threads, lost, _launch.py).
+//   merge their states weighted by their counts (rows of 64 threads; rows filling less, or of
+//   more threads, were slower).
 // Limits: 16-byte packs; N == NCH * TPR * VEC, or PARTIAL and (NCH - 1) * TPR < N / VEC <=
 // NCH * TPR; TPR == BLOCK, or TPR <= 32 dividing BLOCK; ceil(M / (BLOCK / TPR)) blocks, a row
 // a block or a group of rows, M < 2**31.
@@ -329,24 +313,23 @@ __global__ void __launch_bounds__(BLOCK, MINB)
 //   t at pack lo + i * BLOCK + t (ln_fwd_reg's layout with TPR == BLOCK). Each block forms its
 //   slice's exact statistics, shifted by the slice's first element, and the blocks exchange and
 //   merge them as ln_fwd_cluster does (bitwise the same mean and rstd in every block); then
-//   each writes y for its slice. The launcher gives as many clusters as the device holds at
-//   once, each walking rows r, r + clusters, ... (so each is started once, and each block keeps
-//   its column slice, its w and b, for all its rows): a cluster per row measured slower (H200,
-//   bf16 N=65536: 2887 GB/s against 3269). MINB blocks per SM (launch bounds): one block's
+//   each writes y for its slice. The plans give as many clusters as the device holds at once,
+//   each walking rows r, r + clusters, ... (so each is started once, and each block keeps its
+//   column slice, its w and b, for all its rows): a cluster per row measured slower. MINB
+//   blocks per SM (launch bounds): one block's
 //   loads overlap another's reductions and stores, which a lone 1024-thread block holding the
 //   whole row cannot.
 //   STAGE_WB: each block copies its slice's columns of w and b into dynamic shared memory once
 //   and reads them there for every row, instead of through L1, which the slices of an SM's
-//   blocks can outgrow (float32 N=24576 3844 GB/s against 3512; _launch.py says where).
+//   blocks can outgrow (the plans say where).
 //   LAG: a block holds two rows in registers, in sets that alternate: it issues the next row's
 //   loads before it waits for the cluster's statistics of this row and writes its y, and forms
 //   the next row's statistics after, so the loads in flight cover the wait and the stores (one
 //   block of up to 512 threads an SM, 117 registers a thread for float32). Sending the next
 //   row's statistics before this row's y instead (an exchange outstanding) lost: its loads then
-//   hold up this row's stores (float32 N=32768 2740 GB/s against 3847). The launcher takes LAG
-//   for float32 rows in blocks of 384 threads or more (_launch.FWD_LAG_BLOCK).
-//   Two rows a thread at a time, w and b read once for both at half the vectors a row, measured
-//   slower (bf16 N=65536 over 4 blocks of 512: 2603 GB/s against 3399; docs/benchmark-log.md).
+//   hold up this row's stores. The plans take LAG for float32 rows in blocks of FWD_LAG_BLOCK
+//   threads or more. Two rows a thread at a time, w and b read once for both at half the
+//   vectors a row, measured slower.
 // Limits: ceil(P / C) <= ITEMS * BLOCK, and P >= C (every block gets packs). STAGE_WB: dynamic
 // shared memory of ITEMS * BLOCK * VEC * (sizeof(TW) + sizeof(TB)) bytes. LAG: 2 * ITEMS * VEC
 // registers of data a thread.
@@ -358,7 +341,7 @@ __global__ void CUPYLN_CLUSTER(C) __launch_bounds__(BLOCK, MINB)
   typedef Pack<T, VEC> P;
   static_assert(BLOCK % 32 == 0 && BLOCK > 32 && BLOCK <= 1024 && C <= 32, "bad block");
   // LAG: exchanges through four slots, though a receive comes between any two sends and two
-  // would hold them (float32 N=131072 3839 GB/s against 3773, 32768 3896 / 3871; not profiled)
+  // would hold them: four measured faster (not profiled)
   constexpr int SLOTS = LAG ? 4 : 2;
   __shared__ A red[2][BLOCK / 32];  // the slice's sum and sum of squared deviations
   __shared__ A xch[SLOTS * C * 3];
