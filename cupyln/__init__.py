@@ -1,5 +1,5 @@
 """cupyln: LayerNorm for NVIDIA GPUs on CuPy arrays (forward, dx, dw/db), CUDA C kernels
-compiled at run time with NVRTC.
+compiled at run time with NVRTC; torch and JAX bridges in ``cupyln.torch`` and ``cupyln.jax``.
 
     y, mean, rstd = cupyln.forward(x, w, b)
     dx, dw, db = cupyln.backward(dy, x, w, mean, rstd)
@@ -8,7 +8,7 @@ compiled at run time with NVRTC.
 from ._api import backward, describe, forward, layer_norm
 from ._jagged import jagged_backward, jagged_forward, jagged_layer_norm
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 __all__ = [
     "forward",
     "backward",

@@ -12,13 +12,16 @@ argument buffer (``_launcher``).
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy
 
 from . import _checks, _launcher, _runtime
 from ._dtypes import acc_dtype
 from ._plans.common import vector_width
+
+if TYPE_CHECKING:
+    from cupy import ndarray
 
 _forward_calls: dict = {}  # cached calls of forward / backward on CuPy arrays (_Call)
 _backward_calls: dict = {}
@@ -137,7 +140,14 @@ def _ndarray(shape, dtype, mem, offset: int):
 
 
 # ------------------------------------------------------------------------------ forward
-def forward(x, w=None, b=None, eps: float = 1e-5, *, out=None):
+def forward(
+    x: ndarray,
+    w: ndarray | None = None,
+    b: ndarray | None = None,
+    eps: float = 1e-5,
+    *,
+    out: tuple | None = None,
+) -> tuple[ndarray, ndarray, ndarray]:
     """LayerNorm over the last dimension of ``x``.
 
     Args:
@@ -231,13 +241,24 @@ def _forward_checked(x, w, b, eps, out):
     return y, mean, rstd
 
 
-def layer_norm(x, w=None, b=None, eps: float = 1e-5):
+def layer_norm(
+    x: ndarray, w: ndarray | None = None, b: ndarray | None = None, eps: float = 1e-5
+) -> ndarray:
     """``forward(x, w, b, eps)[0]``: the normalized array only."""
     return forward(x, w, b, eps)[0]
 
 
 # ------------------------------------------------------------------------------ backward
-def backward(dy, x, w, mean, rstd, *, bias_dtype=None, out=None):
+def backward(
+    dy: ndarray,
+    x: ndarray,
+    w: ndarray | None,
+    mean: ndarray,
+    rstd: ndarray,
+    *,
+    bias_dtype=None,
+    out: tuple | None = None,
+) -> tuple[ndarray, ndarray | None, ndarray]:
     """Gradients of LayerNorm given the forward's saved mean and rstd.
 
     Args:
@@ -338,7 +359,7 @@ def _backward_checked(dy, x, w, mean, rstd, bias_dtype, out):
     return dx, dw, db
 
 
-def describe(x, w=None, b=None) -> dict:
+def describe(x: ndarray, w: ndarray | None = None, b: ndarray | None = None) -> dict[str, str]:
     """Which kernels ``forward(x, w, b)`` and ``backward`` run for these arrays, with their
     launch shape, registers per thread and resident blocks on the device (for benchmarks)."""
     n, dev = x.shape[-1], x.data.device_id

@@ -18,11 +18,16 @@ global memory by the forward's short kernel (slowly); the backward keeps the lon
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from . import _checks, _launcher, _runtime
 from ._api import aligned_vector, ptr
 from ._dtypes import INDEX, acc_dtype
 from ._plans import backward as bwd
 from ._plans.common import grid_size, vector_width
+
+if TYPE_CHECKING:
+    from cupy import ndarray
 
 _PART_BYTES = 32  # struct Part in jagged.cu: int64 seq, double n, a, b
 
@@ -112,8 +117,16 @@ def _long_path(longest, d: int, cap: int, total: int) -> bool:
 
 
 # ------------------------------------------------------------------ public functions
-def jagged_forward(values, offsets, w=None, b=None, eps=1e-6, *, max_seqlen=None,
-                   check_offsets=True):  # fmt: skip
+def jagged_forward(
+    values: ndarray,
+    offsets: ndarray,
+    w: ndarray | None = None,
+    b: ndarray | None = None,
+    eps: float = 1e-6,
+    *,
+    max_seqlen: int | None = None,
+    check_offsets: bool = True,
+) -> tuple[ndarray, ndarray, ndarray]:
     """LayerNorm of each sequence of a jagged batch over all its elements.
 
     Args:
@@ -174,13 +187,23 @@ def jagged_forward(values, offsets, w=None, b=None, eps=1e-6, *, max_seqlen=None
     return y, mean, rstd
 
 
-def jagged_layer_norm(values, offsets, eps=1e-6, **kwargs):
+def jagged_layer_norm(values: ndarray, offsets: ndarray, eps: float = 1e-6, **kwargs) -> ndarray:
     """``jagged_forward(values, offsets, eps=eps)[0]``: the normalized values only."""
     return jagged_forward(values, offsets, eps=eps, **kwargs)[0]
 
 
-def jagged_backward(dy, values, offsets, w, mean, rstd, *, bias_dtype=None, max_seqlen=None,
-                    check_offsets=True):  # fmt: skip
+def jagged_backward(
+    dy: ndarray,
+    values: ndarray,
+    offsets: ndarray,
+    w: ndarray | None,
+    mean: ndarray,
+    rstd: ndarray,
+    *,
+    bias_dtype=None,
+    max_seqlen: int | None = None,
+    check_offsets: bool = True,
+) -> tuple[ndarray, ndarray | None, ndarray]:
     """Gradients of the jagged LayerNorm at the forward's saved mean and rstd.
 
     Args:

@@ -46,11 +46,26 @@ class Device(NamedTuple):
     dram_per_sm: float  # peak DRAM bytes per second an SM (0: not reported)
 
 
+MIN_ARCH = 80  # the kernels use cp.async and bf16 conversions: Ampere (sm_80) and newer
+
+
+def check_arch(name: str, arch: int) -> None:
+    """Refuse a GPU older than MIN_ARCH, by name."""
+    if arch < MIN_ARCH:
+        raise RuntimeError(
+            f"cupyln needs an NVIDIA GPU of compute capability {MIN_ARCH // 10}.{MIN_ARCH % 10} "
+            f"(Ampere) or newer; {name} is sm_{arch}"
+        )
+
+
 @cache
 def device(device_id: int) -> Device:
-    d = _runtime.cupy().cuda.Device(device_id)
+    cp = _runtime.cupy()
+    d = cp.cuda.Device(device_id)
+    arch = int(d.compute_capability)
+    check_arch(cp.cuda.runtime.getDeviceProperties(device_id)["name"].decode(), arch)
     attrs = d.attributes
-    clusters = MAX_CLUSTER if int(d.compute_capability) >= 90 else 1
+    clusters = MAX_CLUSTER if arch >= 90 else 1
     sms = attrs["MultiProcessorCount"]
     # double data rate: 2 transfers a memory clock (kHz) over the bus (bits)
     dram = 2e3 * attrs.get("MemoryClockRate", 0) * attrs.get("GlobalMemoryBusWidth", 0) / 8

@@ -243,8 +243,15 @@ def cmd_plot(args) -> int:
     return 0
 
 
+def _version() -> str:
+    from cupyln import __version__
+
+    return __version__
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m cupyln", description=__doc__)
+    p.add_argument("--version", action="version", version=f"cupyln {_version()}")
     sub = p.add_subparsers(dest="cmd", required=True)
     sub.add_parser("info", help="versions, GPUs, kernel cache").set_defaults(fn=cmd_info)
     sub.add_parser("check", help="correctness against the float64 reference").set_defaults(

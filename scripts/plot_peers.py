@@ -1,6 +1,6 @@
 """Plot a run of the shared peer benchmark: GB/s against N, one line per provider.
 
-    python scripts/plot_peers.py docs/peers_h200_large_bridge_1ac2147.json out.png
+    python scripts/plot_peers.py docs/peers_h200_large.json out.png
 
 Takes the JSON that peers.py (or scripts/peers_bridge.py) writes, whose rows hold one entry a
 provider, and draws it with cupyln.bench's figure (forward and backward side by side, the copy

@@ -804,3 +804,14 @@ def test_launch_config_packing_matches_the_driver_struct():
     assert config.smem == 7 and config.num_attrs == 9
     assert config.stream == values[7] and config.attrs == values[8]
     assert _driver._CONFIG.size <= ctypes.sizeof(_driver._LaunchConfig)
+
+
+def test_gpus_before_ampere_are_refused_by_name():
+    from cupyln import _launcher
+
+    _launcher.check_arch("NVIDIA A100", 80)
+    _launcher.check_arch("NVIDIA H200", 90)
+    with pytest.raises(
+        RuntimeError, match=r"needs .* 8\.0 \(Ampere\) or newer; Tesla V100 is sm_70"
+    ):
+        _launcher.check_arch("Tesla V100", 70)

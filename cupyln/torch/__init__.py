@@ -1,0 +1,134 @@
+"""torch bridge: cupyln's kernels on torch CUDA tensors, with autograd.
+
+    import cupyln.torch
+    y = cupyln.torch.layer_norm(x, (N,), weight, bias, eps)  # as torch.nn.functional.layer_norm
+    ln = cupyln.torch.LayerNorm(N)                            # as torch.nn.LayerNorm
+    cupyln.torch.replace_layer_norms(model)                   # every nn.LayerNorm of a model
+    y, mean, rstd = cupyln.torch.forward(x, weight, bias)     # no autograd: the statistics
+    dx, dw, db = cupyln.torch.backward(dy, x, weight, mean, rstd)  # for your own backward
+
+Forward and backward are ``torch.library`` custom ops (``torch.ops.cupyln.layer_norm_fwd`` and
+``torch.ops.cupyln.layer_norm_bwd``) with fake implementations and autograd, so
+``torch.compile(fullgraph=True)`` keeps them in its graph. Kernels launch by raw pointers on
+torch's current stream of the input's device; every output comes from torch's caching
+allocator. Each new row width or dtype compiles its kernels on first use (cached on disk by
+CuPy): run a model once before capturing it in a CUDA graph.
+
+Under ``torch.autocast`` the layer behaves as ``torch.nn.functional.layer_norm`` does there: the
+input, weight and bias are taken in float32 and the output is float32. On CPU tensors
+``layer_norm`` and ``LayerNorm`` are ``torch.nn.functional.layer_norm`` itself, so a model whose
+norms were replaced still runs on the CPU.
+"""
+
+import math
+
+import torch
+
+from .. import _checks
+from ._glue import _check
+from ._jagged import jagged_layer_norm
+from ._ops import _BWD, _FWD, _bwd_impl, _eager, _eager_apply, _fwd_impl, _inference, _needs_grad
+
+__all__ = ["layer_norm", "LayerNorm", "replace_layer_norms", "forward", "backward",
+           "jagged_layer_norm"]  # fmt: skip
+
+
+def layer_norm(
+    input: torch.Tensor,
+    normalized_shape,
+    weight: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    eps: float = 1e-5,
+) -> torch.Tensor:
+    """``torch.nn.functional.layer_norm`` with cupyln's kernels (CUDA tensors of float32,
+    float16, bfloat16 or float64; weight and bias may have their own dtypes). CPU tensors go
+    to ``torch.nn.functional.layer_norm`` itself."""
+    shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    if isinstance(input, torch.Tensor) and input.device.type == "cpu":
+        return torch.nn.functional.layer_norm(input, shape, weight, bias, eps)
+    _check(input, "input")
+    k = len(shape)
+    if k == 0 or input.dim() < k or input.shape[-k:] != shape:
+        raise ValueError(
+            f"Given normalized_shape={list(shape)}, expected input with shape "
+            f"[*, {', '.join(map(str, shape))}], but got input of size {list(input.shape)}"
+        )
+    for t, name in ((weight, "weight"), (bias, "bias")):
+        if t is not None:
+            _check(t, name, input)
+            if t.shape != shape:
+                raise ValueError(f"{name} must have shape {list(shape)}; got {list(t.shape)}")
+    eps = _checks.eps(eps)
+    if torch.is_autocast_enabled("cuda"):  # as F.layer_norm: float32 in, float32 out
+        input = input.float()
+        weight = None if weight is None else weight.float()
+        bias = None if bias is None else bias.float()
+    if k == 1:  # the kernels take any leading shape: no reshapes
+        x, w, b = input, weight, bias
+        n = shape[0]
+    else:
+        n = math.prod(shape)
+        x = input.reshape(*input.shape[: input.dim() - k], n)
+        w = None if weight is None else weight.reshape(n)
+        b = None if bias is None else bias.reshape(n)
+    if n > _checks.MAX_N:  # the kernels' columns are int32
+        raise ValueError(f"normalized_shape must hold at most {_checks.MAX_N} elements; got {n}")
+    if _eager():
+        y = _eager_apply(x, w, b, eps) if _needs_grad(x, w, b) else _inference(x, w, b, eps)
+    else:
+        y = _FWD(x, w, b, eps)[0]
+    return y if k == 1 else y.reshape(input.shape)
+
+
+def forward(
+    x: torch.Tensor,
+    weight: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    eps: float = 1e-5,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``cupyln.forward`` on torch CUDA tensors: ``(y, mean, rstd)`` of LayerNorm over the last
+    dimension of x, launched on torch's current stream. No autograd: for code that keeps the
+    statistics for its own backward (an ``autograd.Function`` of its own); ``layer_norm``
+    records gradients. y is like x (contiguous); mean and rstd have shape ``x.shape[:-1]``,
+    float32 (float64 for float64 x), rstd = 1 / sqrt(var + eps). Under torch.compile the call
+    is the op ``torch.ops.cupyln.layer_norm_fwd`` on detached inputs."""
+    if _eager():
+        return _fwd_impl(x, weight, bias, eps)
+    weight = None if weight is None else weight.detach()
+    bias = None if bias is None else bias.detach()
+    return _FWD(x.detach(), weight, bias, _checks.eps(eps))
+
+
+def backward(
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    mean: torch.Tensor,
+    rstd: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``cupyln.backward`` on torch CUDA tensors: ``(dx, dw, db)`` at the statistics that
+    ``forward`` returned, without autograd. dx is like x; dw (empty without a weight) and db
+    have the weight's dtype (x's without one), summed in a fixed order (deterministic). Under
+    torch.compile the call is the op ``torch.ops.cupyln.layer_norm_bwd`` on detached inputs."""
+    if _eager():
+        return _bwd_impl(dy, x, weight, mean, rstd)
+    weight = None if weight is None else weight.detach()
+    return _BWD(dy.detach(), x.detach(), weight, mean.detach(), rstd.detach())
+
+
+class LayerNorm(torch.nn.LayerNorm):
+    """``torch.nn.LayerNorm`` computed by cupyln: the same constructor, parameters and
+    ``state_dict`` (a checkpoint loads either way), and ``isinstance(m, nn.LayerNorm)``; on CPU
+    tensors it runs ``torch.nn.functional.layer_norm``."""
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps)
+
+
+def replace_layer_norms(module: torch.nn.Module) -> torch.nn.Module:
+    """Make every ``torch.nn.LayerNorm`` in ``module`` a ``cupyln.torch.LayerNorm`` in place
+    (parameters, buffers and hooks kept); returns ``module``."""
+    for m in module.modules():
+        if type(m) is torch.nn.LayerNorm:
+            m.__class__ = LayerNorm
+    return module
