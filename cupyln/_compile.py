@@ -25,11 +25,15 @@ from ._dtypes import ctype
 
 KERNEL_DIR = Path(__file__).resolve().parent / "kernels"
 
-#: kernel name prefix -> the file that defines it
+#: kernel (or kernel name prefix) -> the file that defines it
 SOURCES = {
-    "ln_fwd_": "layer_norm_fwd.cu",
-    "ln_bwd_": "layer_norm_bwd.cu",
-    "ln_partial_reduce": "layer_norm_bwd.cu",
+    "ln_fwd_reg": "layer_norm_fwd.cu",  # ln_fwd_reg and ln_fwd_reg_cluster
+    "ln_fwd_stream": "layer_norm_fwd_stream.cu",
+    "ln_fwd_": "layer_norm_fwd_staged.cu",  # ring, cluster, row
+    "ln_bwd_reg": "layer_norm_bwd.cu",  # ln_bwd_reg and ln_bwd_reg_cluster
+    "ln_bwd_dwdb_cols": "layer_norm_bwd_sums.cu",
+    "ln_partial_reduce": "layer_norm_bwd_sums.cu",
+    "ln_bwd_": "layer_norm_bwd_staged.cu",  # ring, cluster, row
     "jag_": "jagged.cu",
 }
 
@@ -59,7 +63,8 @@ def source(file: str) -> tuple[str, str]:
 
 
 def source_of(name: str) -> str:
-    """The kernels/ file that defines kernel ``name``."""
+    """The kernels/ file that defines kernel ``name`` (the first entry of SOURCES it starts
+    with)."""
     for prefix, file in SOURCES.items():
         if name.startswith(prefix):
             return file

@@ -14,7 +14,7 @@ row             the rest: one block a row, staged or re-read                 ln_
 ==============  ==========================================================  ================
 
 Every tuned constant below says in a line why it has its value; docs/tuning.md holds the A/B
-that chose it. The kernels' headers (kernels/layer_norm_fwd.cu) say what each template
+that chose it. The kernels' headers (kernels/layer_norm_fwd*.cu) say what each template
 argument does.
 """
 

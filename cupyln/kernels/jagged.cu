@@ -30,9 +30,9 @@
 // of the sequence's first row; the corrected two-pass variance), the long path x minus the
 // share's first element, and applies the mean in double.
 // The short path's ring forward lives in ring_forward.cuh, which the dense forward's ring tier
-// (layer_norm_fwd.cu, ln_fwd_ring) shares: there each row is a sequence of one row.
+// (layer_norm_fwd_staged.cu, ln_fwd_ring) shares: there each row is a sequence of one row.
 // Backward: dx = rstd * (w*dy - (xhat * sum(w*dy*xhat) + sum(w*dy)) / (L*D)) per sequence, by
-// the same two paths; dw/db are column sums over all rows, computed by layer_norm_bwd.cu's
+// the same two paths; dw/db are column sums over all rows, computed by layer_norm_bwd_sums.cu's
 // column kernel on per-row copies of the sequence statistics (jag_expand_stats).
 // Vector access: VEC elements per access need D % VEC == 0 and x, y (dy, dx) aligned to
 // VEC * sizeof(T); w/b aligned to VEC * sizeof(TW/TB) (the host copies them when not).

@@ -6,8 +6,9 @@
 // the span being computed, so the loads of the next spans overlap the passes over this one.
 // Pack v of a span is copied and later read by thread v % GROUP of the group, so a thread waits
 // only for its own copies; the group synchronizes once per span before its slots are reused.
-// Used by jagged.cu (the jagged forward and the dense forward's ring tier), layer_norm_fwd.cu
-// (the forward's cluster tier) and layer_norm_bwd.cu (the backward's ring and cluster tiers).
+// Used by ring_forward.cuh (the jagged forward and the dense forward's ring tier),
+// layer_norm_fwd_staged.cu (the forward's cluster tier) and layer_norm_bwd_staged.cu (the
+// backward's ring and cluster tiers).
 #pragma once
 
 #include "common.cuh"

@@ -4,7 +4,7 @@
 // A group of GROUP threads (a block, or a warp) normalizes a contiguous range of sequences,
 // each sequence one or more whole rows normalized together: a jagged batch's sequences
 // (jagged.cu's short path, jag_fwd_short) or the rows of a dense batch, each its own sequence
-// (layer_norm_fwd.cu's ring tier, ln_fwd_ring). The group copies its next sequences into its
+// (layer_norm_fwd_staged.cu's ring tier, ln_fwd_ring). The group copies its next sequences into its
 // ring in shared memory with cp.async (ring.cuh) while it reduces and writes the current one,
 // so HBM never waits for a sequence's arithmetic; x is read once and y written once.
 // Statistics: a first mean from the sequence's first row, then the corrected two-pass
