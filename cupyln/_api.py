@@ -36,6 +36,21 @@ def forget_plans() -> None:
     _backward_calls.clear()
 
 
+def set_plan_constant(name: str, value):
+    """Set the tuned constant ``name`` of the plans (cupyln/_plans) to ``value`` and drop every
+    cached plan and call, so the next calls plan with it; returns the value it had. For A/B
+    runs (scripts/tune.py)."""
+    from ._plans import backward, common, forward, jagged
+
+    for module in (forward, backward, jagged, common):
+        if name.isupper() and hasattr(module, name):
+            old = getattr(module, name)
+            setattr(module, name, value)
+            forget_plans()
+            return old
+    raise KeyError(f"no plan constant {name} in cupyln/_plans")
+
+
 # ------------------------------------------------------------------------------ layout
 def rows(a):
     """(array, row stride in elements) for a CuPy array: rows at one stride are used in place,
@@ -221,13 +236,13 @@ def _forward_checked(x, w, b, eps, out):
             rstd = _ndarray(lead, acc, mem, offsets[1])
             in_place = x2 is x and w2 is w and b2 is b
             if in_place and len(_forward_calls) < _MAX_CALLS:
-                vec = _launcher.vector_widths(x.itemsize, n, (stride,), x.data.ptr & 15)
                 affine = (w is not None, b is not None)
-                k, plan, _, grid = _launcher.forward_launch(dev, m, n, x.dtype, wdt, bdt, vec,
-                                                            affine)  # fmt: skip
+                k, grid, block, smem, vec = _launcher.forward_launch_at(
+                    dev, m, n, stride, x.dtype, wdt, bdt, affine, x.data.ptr & 15
+                )
                 _forward_calls[_forward_key(x, w, b)] = _Call(
                     dev, m, n, x.shape, lead, x.dtype, acc, stride, 0, wdt, bdt, offsets,
-                    (_dtype_arg(x.dtype), _dtype_arg(acc)), k, grid, plan.block, plan.smem,
+                    (_dtype_arg(x.dtype), _dtype_arg(acc)), k, grid, block, smem,
                     vec * x.itemsize - 1,
                 )  # fmt: skip
         cupy = _runtime.cupy()

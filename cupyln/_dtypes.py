@@ -46,17 +46,6 @@ def ctype(dtype) -> str:
     raise TypeError(f"dtype must be one of {', '.join(SUPPORTED_NAMES)}; got {dtype}")
 
 
-def check(dtype, name: str) -> numpy.dtype:
-    """``dtype`` as a NumPy dtype when the kernels take it, else a TypeError naming ``name``."""
-    try:
-        dt = numpy.dtype(dtype)
-    except TypeError:
-        dt = None
-    if dt not in TABLE:
-        raise TypeError(f"{name} must have dtype {', '.join(SUPPORTED_NAMES)}; got {dtype}")
-    return dt
-
-
 def acc_dtype(dtype) -> numpy.dtype:
     """dtype of mean/rstd and of all arithmetic for inputs of this dtype."""
     return TABLE[numpy.dtype(dtype)][1]

@@ -110,22 +110,30 @@ def _forward_launcher(f, x_dtype) -> Launcher:
     return Launcher(f, _fmt(FWD_ARGS, x_dtype))
 
 
-_pointer_forwards: dict = {}  # launch_forward's launches by problem and pointers' alignment
+_pointer_forwards: dict = {}  # forward_launch_at's launches by problem and pointers' alignment
+
+
+def forward_launch_at(dev, m, n, x_stride, x_dtype, w_dtype, b_dtype, affine, align):
+    """(launcher, grid, block, shared bytes, pack width) of the forward of M rows of N for
+    pointers whose OR has low bits ``align``: one lookup for a problem seen before (the
+    bridges' repeated calls, the CuPy API's first call of a shape)."""
+    key = (dev, m, n, x_stride, x_dtype, w_dtype, b_dtype, affine, align)
+    launch = _pointer_forwards.get(key)
+    if launch is None:
+        vec = vector_widths(x_dtype.itemsize, n, (x_stride,), align)
+        k, plan, _, grid = forward_launch(dev, m, n, x_dtype, w_dtype, b_dtype, vec, affine)
+        launch = (k, grid, plan.block, plan.smem, vec)
+        if len(_pointer_forwards) < _MAX_CACHED:
+            _pointer_forwards[key] = launch
+    return launch
 
 
 def launch_forward(dev, m, n, x_ptr, x_stride, x_dtype, y_ptr, w_ptr, w_dtype, b_ptr, b_dtype,
                    mean_ptr, rstd_ptr, eps, stream=None):  # fmt: skip
     """Forward of M >= 1 rows of N; y contiguous, mean/rstd of M values (both 0: not stored)."""
-    align = (x_ptr | y_ptr) & 15
-    key = (dev, m, n, x_stride, x_dtype, w_dtype, b_dtype, w_ptr != 0, b_ptr != 0, align)
-    launch = _pointer_forwards.get(key)  # one lookup for the bridges' repeated calls
-    if launch is None:
-        vec = vector_widths(x_dtype.itemsize, n, (x_stride,), align)
-        k, plan, _, grid = forward_launch(dev, m, n, x_dtype, w_dtype, b_dtype, vec, key[7:9])
-        launch = (k, grid, plan.block, plan.smem)
-        if len(_pointer_forwards) < _MAX_CACHED:
-            _pointer_forwards[key] = launch
-    k, grid, block, smem = launch
+    affine = (w_ptr != 0, b_ptr != 0)
+    k, grid, block, smem, _ = forward_launch_at(dev, m, n, x_stride, x_dtype, w_dtype, b_dtype,
+                                                affine, (x_ptr | y_ptr) & 15)  # fmt: skip
     k(grid, block, smem, _runtime.current_stream() if stream is None else stream,
       x_ptr, x_stride, y_ptr, w_ptr, b_ptr, mean_ptr, rstd_ptr, m, n, eps)  # fmt: skip
 

@@ -131,24 +131,24 @@ def cmd_bench(args) -> int:
     if n == 0:
         print(f"cupyln bench needs a CUDA GPU, and none is usable here: {why}", file=sys.stderr)
         return 2
-    from cupyln import bench
+    from cupyln import bench, bench_frameworks
 
     if args.overhead:
-        for name, us in bench.host_overhead_us().items():
+        for name, us in bench_frameworks.host_overhead_us().items():
             print(f"host time per {name} call (4 x 64 float32): {us:.1f} us")
-        for name, us in bench.torch_overhead_us().items():
+        for name, us in bench_frameworks.torch_overhead_us().items():
             print(f"host time per call, {name} (4 x 64 float32): {us:.1f} us")
         return 0
     if args.jagged:
         return _bench_jagged(args, bench)
     if args.jax:
-        for r in bench.jax_bandwidth():
+        for r in bench_frameworks.jax_bandwidth():
             print(f"{r['provider']:11s} jitted {r['dtype']} M={r['M']:<7d} N={r['N']:<6d} "
                   f"forward {r['fwd_GBs']:5.0f} GB/s ({r['fwd_ms'] * 1e3:6.1f} us), "
                   f"forward+backward {r['fwd_bwd_ms'] * 1e3:6.1f} us")  # fmt: skip
         return 0
     if args.train:
-        for name, ms in bench.training_step_ms().items():
+        for name, ms in bench_frameworks.training_step_ms().items():
             print(f"training step, 4-layer pre-LN block d=1024, 8 x 1024 tokens, bf16, {name}: "
                   f"{ms:.2f} ms")  # fmt: skip
         return 0

@@ -9,7 +9,7 @@ import sys
 import cupy
 
 import cupyln
-from cupyln import bench, reference
+from cupyln import bench_frameworks, reference
 
 
 def profile(name, fn, calls):
@@ -46,9 +46,9 @@ def main(calls: int) -> None:
     tdy = torch.randn(4, 64, device="cuda")
     profile("cupyln.torch.layer_norm, fwd+bwd",
             lambda: clt.layer_norm(txg, (64,), tw, tw).backward(tdy), calls)  # fmt: skip
-    for k, v in bench.host_overhead_us().items():
+    for k, v in bench_frameworks.host_overhead_us().items():
         print(f"host time per {k}: {v:.1f} us")
-    for k, v in bench.torch_overhead_us().items():
+    for k, v in bench_frameworks.torch_overhead_us().items():
         print(f"host time per call, {k}: {v:.1f} us")
 
 

@@ -3,7 +3,7 @@
     python scripts/tune.py FWD_REG_ITEMS=8,4 [--dtype bfloat16] [--n 768,1024,5120]
         [--log2-elements 27] [--direction forward] [--rounds 3]
 
-The constant is looked up in cupyln/_plans (forward, backward, jagged, common). Each round
+The constant is one of cupyln/_plans' (forward, backward, jagged, common). Each round
 times every value in turn in one process (cached plans and kernels are dropped between
 values), and the table shows each width's best GB/s of the rounds per value and the change
 against the first value. That is the A/B docs/tuning.md records for each constant; the
@@ -18,16 +18,6 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from cupyln import _api, bench  # noqa: E402
-from cupyln._plans import backward, common, forward, jagged  # noqa: E402
-
-MODULES = (forward, backward, jagged, common)
-
-
-def owner(name: str):
-    for mod in MODULES:
-        if hasattr(mod, name):
-            return mod
-    sys.exit(f"no plan constant {name} in cupyln/_plans")
 
 
 def sweep(args, directions):
@@ -61,23 +51,23 @@ def main() -> None:
     p.add_argument("--jagged", action="store_true", help="the jagged sweep")
     args = p.parse_args()
     name, _, values = args.setting.partition("=")
-    mod = owner(name)
     values = [ast.literal_eval(v) for v in values.split(",")]
-    original = getattr(mod, name)
+    try:
+        original = _api.set_plan_constant(name, values[0])
+    except KeyError as e:
+        sys.exit(str(e))
     directions = bench.DIRECTIONS if args.direction == "both" else (args.direction,)
     best: dict = {}
     try:
         for _ in range(args.rounds):
             for v in values:
-                setattr(mod, name, v)
-                _api.forget_plans()
+                _api.set_plan_constant(name, v)
                 for key, gbs in sweep(args, directions).items():
                     best[(v, key)] = max(best.get((v, key), 0.0), gbs)
     finally:
-        setattr(mod, name, original)
-        _api.forget_plans()
+        _api.set_plan_constant(name, original)
     keys = sorted({k for _, k in best})
-    print(f"{name} ({mod.__name__}), {args.dtype}, best of {args.rounds}, GB/s")
+    print(f"{name}, {args.dtype}, best of {args.rounds}, GB/s")
     print(f"{'N':>8} {'dir':>9} " + " ".join(f"{str(v):>16}" for v in values))
     for key in keys:
         base = best[(values[0], key)]

@@ -11,7 +11,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import cupyln.torch as clt
-from cupyln.bench import gpt_block
+from cupyln.bench_frameworks import gpt_block
 
 
 def main(out: str) -> None:

@@ -815,3 +815,16 @@ def test_gpus_before_ampere_are_refused_by_name():
         RuntimeError, match=r"needs .* 8\.0 \(Ampere\) or newer; Tesla V100 is sm_70"
     ):
         _launcher.check_arch("Tesla V100", 70)
+
+
+def test_a_plan_constant_is_set_and_restored():
+    from cupyln import _api
+
+    old = _api.set_plan_constant("FWD_REG_ITEMS", 4)
+    try:
+        assert old == 8 and F.FWD_REG_ITEMS == 4
+    finally:
+        assert _api.set_plan_constant("FWD_REG_ITEMS", old) == 4
+    assert F.FWD_REG_ITEMS == 8
+    with pytest.raises(KeyError, match="no plan constant"):
+        _api.set_plan_constant("forward_plan", None)

@@ -12,7 +12,7 @@ import math
 import pytest
 
 from cupyln import reference as ref
-from cupyln.bench import gpt_block
+from cupyln.bench_frameworks import gpt_block
 
 from .conftest import GPU_COUNT, requires_gpu
 
