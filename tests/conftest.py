@@ -7,6 +7,9 @@ import pytest
 # JAX takes 75% of GPU memory at start unless told otherwise; CuPy (the kernels' scratch
 # memory, the reference) and torch share the GPU in these tests.
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+# NVRTC 13 takes a kernel's ptxas step from the CUDA compute cache where an earlier build left it,
+# and then writes no report for that kernel: tests/test_compile.py reads those reports.
+os.environ.setdefault("CUDA_CACHE_DISABLE", "1")
 
 from cupyln.cli import _gpu_count
 

@@ -64,7 +64,7 @@ class _Jagged(torch.autograd.Function):
 
 
 def _api_jagged():
-    from . import _jagged
+    from .. import _jagged
 
     return _jagged
 
