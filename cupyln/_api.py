@@ -42,13 +42,15 @@ def set_plan_constant(name: str, value):
     runs (scripts/tune.py)."""
     from ._plans import backward, common, forward, jagged
 
-    for module in (forward, backward, jagged, common):
-        if name.isupper() and hasattr(module, name):
-            old = getattr(module, name)
-            setattr(module, name, value)
-            forget_plans()
-            return old
-    raise KeyError(f"no plan constant {name} in cupyln/_plans")
+    # every module that binds the name: a constant of common is imported by value elsewhere
+    modules = [m for m in (common, forward, backward, jagged, _launcher) if hasattr(m, name)]
+    if not name.isupper() or not modules:
+        raise KeyError(f"no plan constant {name} in cupyln/_plans")
+    old = getattr(modules[0], name)
+    for module in modules:
+        setattr(module, name, value)
+    forget_plans()
+    return old
 
 
 # ------------------------------------------------------------------------------ layout
@@ -184,7 +186,7 @@ def forward(
             call = None
         if call is not None:
             eps = _checks.eps(eps)
-            cuda = _runtime.cuda()
+            cuda = _runtime.loaded[1]  # loaded by the call that was cached
             x_ptr = x.data.ptr
             w_ptr = 0 if w is None else w.data.ptr
             b_ptr = 0 if b is None else b.data.ptr
@@ -295,7 +297,7 @@ def backward(
         except AttributeError:  # not arrays: the checks below say what came
             call = None
         if call is not None:
-            cuda = _runtime.cuda()
+            cuda = _runtime.loaded[1]  # loaded by the call that was cached
             if not ptr(w) & 63 and cuda.device() == call.dev and cuda.context():
                 return _backward_launch_call(call, dy, x, w, mean, rstd)
     return _backward_checked(dy, x, w, mean, rstd, bias_dtype, out)
@@ -304,7 +306,7 @@ def backward(
 def _backward_launch_call(call, dy, x, w, mean, rstd):
     """Allocate dx, dw, db in one block (the workspace in another) and launch."""
     o1, o2, size = call.offsets
-    cuda = _runtime.cuda()
+    cuda = _runtime.loaded[1]
     mem = cuda.alloc(size)
     dx_ptr = mem.ptr
     dw_ptr = dx_ptr + o1 if w is not None else 0

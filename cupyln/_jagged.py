@@ -25,6 +25,7 @@ from ._api import aligned_vector, ptr
 from ._dtypes import INDEX, acc_dtype
 from ._plans import backward as bwd
 from ._plans.common import grid_size, vector_width
+from ._plans.jagged import JAG_SMALL_BLOCK as SMALL  # the check, partition and expand kernels
 
 if TYPE_CHECKING:
     from cupy import ndarray
@@ -64,8 +65,8 @@ def _check_offsets_on_gpu(dev, offsets, b: int, total: int, stream: int) -> int:
     cupy = _runtime.cupy()
     flags = cupy.array([0, 2**64 - 1, 0], dtype=cupy.uint64)
     launch, capacity = _launcher.jagged_check(dev, offsets.dtype)
-    grid = grid_size(max(1, -(-b // 256)), 1, capacity)
-    launch(grid, 256, 0, stream, offsets.data.ptr, b, total, flags.data.ptr)
+    grid = grid_size(max(1, -(-b // SMALL)), 1, capacity)
+    launch(grid, SMALL, 0, stream, offsets.data.ptr, b, total, flags.data.ptr)
     bits, first, longest = (int(v) for v in flags.get())
     if bits & 1:
         raise ValueError(f"offsets[0] must be 0; got {int(offsets[0])}")
@@ -175,7 +176,7 @@ def jagged_forward(
         flag, parts = part.ptr, part.ptr + 16
         recs = parts + 8 * (groups + 1)
         mean64 = recs + 2 * chunks * _PART_BYTES
-        k("partition", -(-(nseq + 1) // 256), stream, o_ptr, nseq, groups, parts, flag)
+        k("partition", -(-(nseq + 1) // SMALL), stream, o_ptr, nseq, groups, parts, flag)
         k("fwd_short", k.fwd_blocks, stream, x_ptr, o_ptr, d, y_ptr, w_ptr, b_ptr, m_ptr, r_ptr,
           eps, p.cap, p.ring, parts, int(long_path), flag)  # fmt: skip
         if long_path:
@@ -272,7 +273,7 @@ def jagged_backward(
         # dw/db: column sums over all rows, with each row's sequence statistics
         rows = cupy.empty((2, total), acc)
         rm, rr = rows.data.ptr, rows.data.ptr + total * acc.itemsize
-        k("expand", -(-total // 256), stream, o_ptr, nseq, m_ptr, r_ptr, rm, rr)
+        k("expand", -(-total // SMALL), stream, o_ptr, nseq, m_ptr, r_ptr, rm, rr)
         g, per = bwd.dwdb_slices(total, d, k.sm_count)
         part = cupy.empty((2, g, d), acc)
         dw_part = part.data.ptr if w is not None else 0

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from functools import cache
 
-_modules: list = []  # [cupy, Cuda], filled on first use
+loaded: list = []  # [cupy, Cuda], filled on first use; the hot paths read loaded[1] directly
 
 
 class Cuda:
@@ -26,17 +26,17 @@ class Cuda:
 
 def cupy():
     """The cupy module."""
-    if not _modules:
+    if not loaded:
         import cupy as cp
 
-        _modules.extend((cp, Cuda(cp)))
-    return _modules[0]
+        loaded.extend((cp, Cuda(cp)))
+    return loaded[0]
 
 
 def cuda() -> Cuda:
-    if not _modules:
+    if not loaded:
         cupy()
-    return _modules[1]
+    return loaded[1]
 
 
 def is_current(device_id: int) -> bool:

@@ -828,3 +828,16 @@ def test_a_plan_constant_is_set_and_restored():
     assert F.FWD_REG_ITEMS == 8
     with pytest.raises(KeyError, match="no plan constant"):
         _api.set_plan_constant("forward_plan", None)
+
+
+def test_a_shared_plan_constant_is_set_everywhere_it_is_bound():
+    from cupyln import _api
+
+    old = _api.set_plan_constant("ROW_BLOCK", 128)
+    try:
+        assert C.ROW_BLOCK == F.ROW_BLOCK == B.ROW_BLOCK == 128
+        dt = np.dtype(np.float32)
+        assert B.backward_plan(10**6, dt, dt, 4, SMEM_H100).block == 128
+    finally:
+        _api.set_plan_constant("ROW_BLOCK", old)
+    assert C.ROW_BLOCK == F.ROW_BLOCK == B.ROW_BLOCK == 256
