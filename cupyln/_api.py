@@ -163,8 +163,11 @@ def forward(
     b: ndarray | None = None,
     eps: float = 1e-5,
     *,
+    residual: ndarray | None = None,
+    residual_dtype=None,
+    weight_offset: float = 0.0,
     out: tuple | None = None,
-) -> tuple[ndarray, ndarray, ndarray]:
+) -> tuple:
     """LayerNorm over the last dimension of ``x``.
 
     Args:
@@ -172,13 +175,21 @@ def forward(
             (last dimension contiguous); other layouts are copied.
         w, b: optional CuPy arrays of shape (N,), each of any of those dtypes.
         eps: added to the biased variance; finite and >= 0.
+        residual: optional array of x's shape: h = x + residual (added in float32, stored in
+            ``residual_dtype``, default residual's dtype) is normalized and returned too.
+        weight_offset: the scale is w + weight_offset (Gemma's 1 + w); dw is unchanged by it.
         out: optional (y, mean, rstd) preallocated outputs (C-contiguous; entries may be None).
 
     Returns:
         (y, mean, rstd): y of x's shape and dtype; mean and rstd of shape x.shape[:-1], float32
         (float64 for float64 x), rstd = 1 / sqrt(var + eps). Without ``out``, the three share
-        one allocation.
+        one allocation. With a residual: (y, mean, rstd, h).
     """
+    if residual is not None or residual_dtype is not None or weight_offset != 0.0:
+        from . import _family
+
+        return _family.norm_forward(x, w, b, eps, False, residual, residual_dtype, weight_offset,
+                                    out)  # fmt: skip
     if out is None:
         try:
             call = _forward_calls.get(_forward_key(x, w, b))
@@ -200,7 +211,7 @@ def forward(
                 y_ptr = mem.ptr
                 call.launch(call.grid, call.block, call.smem, cuda.stream().ptr,
                             x_ptr, call.x_stride, y_ptr, w_ptr, b_ptr, y_ptr + o1, y_ptr + o2,
-                            call.m, call.n, eps)  # fmt: skip
+                            call.m, call.n, eps, 0, 0, 0)  # fmt: skip
                 nd, (y_dtype, stat_dtype) = cuda.ndarray, call.dtype_args
                 return (
                     nd(call.shape, y_dtype, mem),
@@ -239,7 +250,7 @@ def _forward_checked(x, w, b, eps, out):
             in_place = x2 is x and w2 is w and b2 is b
             if in_place and len(_forward_calls) < _MAX_CALLS:
                 affine = (w is not None, b is not None)
-                k, grid, block, smem, vec = _launcher.forward_launch_at(
+                k, grid, block, smem, vec, _ = _launcher.forward_launch_at(
                     dev, m, n, stride, x.dtype, wdt, bdt, affine, x.data.ptr & 15
                 )
                 _forward_calls[_forward_key(x, w, b)] = _Call(
@@ -273,6 +284,8 @@ def backward(
     mean: ndarray,
     rstd: ndarray,
     *,
+    dh: ndarray | None = None,
+    weight_offset: float = 0.0,
     bias_dtype=None,
     out: tuple | None = None,
 ) -> tuple[ndarray, ndarray | None, ndarray]:
@@ -283,6 +296,10 @@ def backward(
         x: the forward's input.
         w: the forward's weight, or None (then dw is None).
         mean, rstd: the forward's statistics, shape x.shape[:-1], float32 (float64 for float64 x).
+        dh: with a residual add in front (x is then the forward's h), the gradient reaching h
+            along the residual stream, added to dx; dx is then the gradient of both x and
+            residual, of h's dtype, and dy may have y's dtype where h's differs.
+        weight_offset: the forward's (the scale is w + weight_offset).
         bias_dtype: dtype of db (default: w's dtype, or x's without w).
         out: optional (dx, dw, db) preallocated outputs (entries may be None).
 
@@ -291,6 +308,10 @@ def backward(
         computed deterministically (the same inputs give bitwise-identical results). Without
         ``out``, the three share one allocation.
     """
+    if dh is not None or weight_offset != 0.0:
+        from . import _family
+
+        return _family.norm_backward(dy, x, w, mean, rstd, dh, weight_offset, bias_dtype, out)
     if out is None and bias_dtype is None:
         try:
             call = _backward_calls.get(_backward_key(dy, x, w, mean, rstd))

@@ -70,6 +70,31 @@ def like(shape, dt, name: str, ref_shape, ref_dt, ref_name: str) -> None:
         raise TypeError(f"{name} must have the dtype of {ref_name} ({ref_dt}); got {dt}")
 
 
+def weight_offset(value) -> float:
+    """weight_offset as a float: a finite real number."""
+    if isinstance(value, bool) or not isinstance(
+        value, (int, float, numpy.integer, numpy.floating)
+    ):
+        raise TypeError(f"weight_offset must be a real number; got {type(value).__name__}")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"weight_offset must be finite; got {value}")
+    return value
+
+
+def residual(shape, dt, residual_dtype, x_shape, x_dtype) -> numpy.dtype:
+    """The residual: x's shape, a dtype of x's precision (float64 with float64 only); returns
+    h's dtype, ``residual_dtype`` (of x's precision too) or the residual's."""
+    if tuple(shape) != tuple(x_shape):
+        raise ValueError(f"residual must have the shape of x {tuple(x_shape)}; got {tuple(shape)}")
+    h_dtype = bias_dtype(residual_dtype, dt) if residual_dtype is not None else dt
+    for name, d in (("residual", dt), ("residual_dtype", h_dtype)):
+        if TABLE[d][1] != TABLE[x_dtype][1]:
+            raise TypeError(f"{name} must be of x's precision ({x_dtype}: float64 only with "
+                            f"float64, else float32, float16 or bfloat16); got {d}")  # fmt: skip
+    return h_dtype
+
+
 def bias_dtype(value, default) -> numpy.dtype:
     """db's dtype: ``value`` if given (one the kernels take), else ``default``."""
     if value is None:

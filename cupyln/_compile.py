@@ -72,6 +72,8 @@ def source_of(name: str) -> str:
 
 
 def _arg(a) -> str:
+    if a is None:  # an element type not used (a residual's TR and TH without one)
+        return "void"
     if isinstance(a, bool):
         return "true" if a else "false"
     if isinstance(a, numpy.dtype):

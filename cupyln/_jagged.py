@@ -280,7 +280,7 @@ def jagged_backward(
         db_part = part.data.ptr + g * d * acc.itemsize
         # the dense backward's column kernel (BwdArgs: no w, no dx, 1 / N unused)
         k.cols((-(-d // 32), g), bwd.REDUCE_BLOCK, 0, stream, g_ptr, d, x_ptr, d, 0, rm, rr, 0,
-               dw_part, db_part, total, d, 0.0, per)  # fmt: skip
+               dw_part, db_part, total, d, 0.0, per, 0, 0)  # fmt: skip
         red, red_grid, red_block = _launcher.partial_reduce(dev, d, *k.dtypes, g)
         red(red_grid, red_block, 0, stream, dw_part, db_part, g, d, ptr(dw), db.data.ptr)
     return dx, dw, db

@@ -26,9 +26,11 @@ from ._plans.common import MAX_CLUSTER, grid_size, vector_width
 
 # The parameter lists' formats (``struct`` module codes, laid out as C lays out parameters): Q
 # a pointer, q an i64, i an int, {a} the arithmetic type (f: float, d: double).
-FWD_ARGS = "QqQQQQQqi{a}"  # x, x_stride, y, w, b, mean, rstd, M, N, eps
-# dy, dy_stride, x, x_stride, w, mean, rstd, dx, dw_part, db_part, M, N, inv_n, rows_per_slice
-BWD_ARGS = "QqQqQQQQQQqi{a}q"
+# x, x_stride, y, w, b, mean, rstd, M, N, eps, res, res_stride, h
+FWD_ARGS = "QqQQQQQqi{a}QqQ"
+# dy, dy_stride, x, x_stride, w, mean, rstd, dx, dw_part, db_part, M, N, inv_n, rows_per_slice,
+# dh, dh_stride
+BWD_ARGS = "QqQqQQQQQQqi{a}qQq"
 REDUCE_ARGS = "QQiiQQ"  # ln_partial_reduce: dw_part, db_part, G, N, dw, db
 
 _MAX_CACHED = 4096  # distinct problems remembered by the pointer-level cache
@@ -93,16 +95,28 @@ def capacity(f, block: int, smem: int, device_id: int, cluster: int = 1) -> int:
 
 # ------------------------------------------------------------------------------ forward
 @lru_cache(maxsize=4096)
-def forward_launch(device_id, m, n, x_dtype, w_dtype, b_dtype, vec, affine=(True, True)):
+def forward_launch(device_id, m, n, x_dtype, w_dtype, b_dtype, vec, affine=(True, True),
+                   rms=False, residual=None):  # fmt: skip
     """(launcher, plan, resident blocks, grid) of the forward of M rows of N on this device,
-    ``affine``: (w given, b given)."""
+    ``affine``: (w given, b given); ``rms``: RMSNorm; ``residual``: (residual dtype, h dtype)
+    of a residual add in front, or None."""
     dev = device(device_id)
     limits = (dev.smem_optin, dev.max_cluster, dev.sm_count, dev.dram_per_sm)
-    plan = fwd.forward_launch_plan(m, n, x_dtype, w_dtype, b_dtype, vec, *limits, affine)
+    plan = fwd.forward_launch_plan(m, n, x_dtype, w_dtype, b_dtype, vec, *limits, affine, rms,
+                                   residual)  # fmt: skip
     f = function(plan.kernel, device_id, plan.smem)
     cap = capacity(f, plan.block, plan.smem, device_id, plan.cluster)
-    launcher = _forward_launcher(f, x_dtype)
+    launcher = _forward_launcher(f, plan.kernel.arg("T"))
     return launcher, plan, cap, fwd.forward_grid(m, plan, cap)
+
+
+@lru_cache(maxsize=1024)
+def add_launch(device_id, m, n, x_dtype, r_dtype, h_dtype, vec):
+    """(launcher, grid) of ln_fwd_add: h = x + res (r_dtype None: h = x, a cast)."""
+    k = fwd.add_kernel(x_dtype, r_dtype, h_dtype, vec)
+    f = function(k, device_id, 0)
+    grid = grid_size(m * (n // vec), fwd.ADD_BLOCK, capacity(f, fwd.ADD_BLOCK, 0, device_id))
+    return _forward_launcher(f, x_dtype), grid
 
 
 @lru_cache(maxsize=4096)
@@ -113,30 +127,59 @@ def _forward_launcher(f, x_dtype) -> Launcher:
 _pointer_forwards: dict = {}  # forward_launch_at's launches by problem and pointers' alignment
 
 
-def forward_launch_at(dev, m, n, x_stride, x_dtype, w_dtype, b_dtype, affine, align):
-    """(launcher, grid, block, shared bytes, pack width) of the forward of M rows of N for
-    pointers whose OR has low bits ``align``: one lookup for a problem seen before (the
-    bridges' repeated calls, the CuPy API's first call of a shape)."""
-    key = (dev, m, n, x_stride, x_dtype, w_dtype, b_dtype, affine, align)
+def forward_launch_at(dev, m, n, x_stride, x_dtype, w_dtype, b_dtype, affine, align, rms=False,
+                      residual=None, res_stride=0):  # fmt: skip
+    """(launcher, grid, block, shared bytes, pack width, plan) of the forward of M rows of N
+    for pointers whose OR has low bits ``align``: one lookup for a problem seen before (the
+    bridges' repeated calls, the CuPy API's first call of a shape). ``rms``, ``residual``:
+    as forward_launch; ``res_stride``: the residual's row stride."""
+    key = (dev, m, n, x_stride, x_dtype, w_dtype, b_dtype, affine, align, rms, residual,
+           res_stride)  # fmt: skip
     launch = _pointer_forwards.get(key)
     if launch is None:
-        vec = vector_widths(x_dtype.itemsize, n, (x_stride,), align)
-        k, plan, _, grid = forward_launch(dev, m, n, x_dtype, w_dtype, b_dtype, vec, affine)
-        launch = (k, grid, plan.block, plan.smem, vec)
+        widest = max([x_dtype.itemsize] + [d.itemsize for d in residual or ()])
+        vec = vector_widths(widest, n, (x_stride, res_stride), align)
+        k, plan, _, grid = forward_launch(dev, m, n, x_dtype, w_dtype, b_dtype, vec, affine, rms,
+                                          residual)  # fmt: skip
+        launch = (k, grid, plan.block, plan.smem, vec, plan)
         if len(_pointer_forwards) < _MAX_CACHED:
             _pointer_forwards[key] = launch
     return launch
 
 
 def launch_forward(dev, m, n, x_ptr, x_stride, x_dtype, y_ptr, w_ptr, w_dtype, b_ptr, b_dtype,
-                   mean_ptr, rstd_ptr, eps, stream=None):  # fmt: skip
-    """Forward of M >= 1 rows of N; y contiguous, mean/rstd of M values (both 0: not stored)."""
-    key = (dev, m, n, x_stride, x_dtype, w_dtype, b_dtype, (w_ptr != 0, b_ptr != 0),
-           (x_ptr | y_ptr) & 15)  # fmt: skip
+                   mean_ptr, rstd_ptr, eps, stream=None, rms=False, res_ptr=0, res_stride=0,
+                   r_dtype=None, h_ptr=0, h_dtype=None, workspace=None):  # fmt: skip
+    """Forward of M >= 1 rows of N; y contiguous, mean/rstd of M values (0: not stored).
+    ``rms``: RMSNorm. With a residual (``res_ptr`` at ``res_stride`` of ``r_dtype``), h = x +
+    res is stored at ``h_ptr`` (contiguous, ``h_dtype``) and normalized; a plan that does not
+    fuse the add runs ln_fwd_add first, and where h's dtype is not x's, its y goes through
+    scratch memory from ``workspace(nbytes)`` (as launch_backward's) and is cast."""
+    residual = (r_dtype, h_dtype) if res_ptr else None
+    align = (x_ptr | y_ptr | res_ptr | h_ptr) & 15
+    key = (dev, m, n, x_stride, x_dtype, w_dtype, b_dtype, (w_ptr != 0, b_ptr != 0), align, rms,
+           residual, res_stride)  # fmt: skip
     launch = _pointer_forwards.get(key)  # one lookup for the bridges' repeated calls
-    k, grid, block, smem, _ = forward_launch_at(*key) if launch is None else launch
-    k(grid, block, smem, _runtime.current_stream() if stream is None else stream,
-      x_ptr, x_stride, y_ptr, w_ptr, b_ptr, mean_ptr, rstd_ptr, m, n, eps)  # fmt: skip
+    k, grid, block, smem, vec, plan = forward_launch_at(*key) if launch is None else launch
+    stream = _runtime.current_stream() if stream is None else stream
+    if not plan.unfused:
+        k(grid, block, smem, stream, x_ptr, x_stride, y_ptr, w_ptr, b_ptr, mean_ptr, rstd_ptr, m,
+          n, eps, res_ptr, res_stride, h_ptr)  # fmt: skip
+        return
+    # the add first, then the norm of h (of h's dtype: y cast where it is not x's)
+    add, add_grid = add_launch(dev, m, n, x_dtype, r_dtype, h_dtype, vec)
+    add(add_grid, fwd.ADD_BLOCK, 0, stream, x_ptr, x_stride, 0, 0, 0, 0, 0, m, n, 0.0, res_ptr,
+        res_stride, h_ptr)  # fmt: skip
+    owner = None
+    y_h = y_ptr
+    if h_dtype != x_dtype:
+        y_h, owner = workspace(m * n * h_dtype.itemsize)
+    launch_forward(dev, m, n, h_ptr, n, h_dtype, y_h, w_ptr, w_dtype, b_ptr, b_dtype, mean_ptr,
+                   rstd_ptr, eps, stream, rms)  # fmt: skip
+    if owner is not None:
+        cast, cast_grid = add_launch(dev, m, n, h_dtype, None, x_dtype, vec)
+        cast(cast_grid, fwd.ADD_BLOCK, 0, stream, y_h, n, 0, 0, 0, 0, 0, m, n, 0.0, 0, 0, y_ptr)
+    del owner
 
 
 @lru_cache(maxsize=4096)
@@ -161,23 +204,24 @@ def partial_reduce(device_id, n, x_dtype, w_dtype, db_dtype, slices):
 
 
 @lru_cache(maxsize=4096)
-def _backward_kernels(device_id, n, x_dtype, w_dtype, vec, short=False):
+def _backward_kernels(device_id, n, x_dtype, w_dtype, vec, short=False, rms=False):
     """(launcher, plan, resident blocks, column launcher or None) of the backward's plan for
-    rows of N (``short``: bwd.backward_short)."""
+    rows of N (``short``: bwd.backward_short; ``rms``: RMSNorm's)."""
     dev = device(device_id)
-    plan = bwd.backward_plan(n, x_dtype, w_dtype, vec, dev.smem_optin, dev.max_cluster, short)
+    plan = bwd.backward_plan(n, x_dtype, w_dtype, vec, dev.smem_optin, dev.max_cluster, short,
+                             rms)  # fmt: skip
     f = function(plan.kernel, device_id, plan.smem)
     cols = None
     if plan.tier == "row":
-        cols = dwdb_cols(device_id, x_dtype)
+        cols = dwdb_cols(device_id, x_dtype, rms)
     cap = capacity(f, plan.block, plan.smem, device_id, plan.cluster)
     return Launcher(f, _fmt(BWD_ARGS, x_dtype)), plan, cap, cols
 
 
 @lru_cache(maxsize=64)
-def dwdb_cols(device_id, x_dtype) -> Launcher:
+def dwdb_cols(device_id, x_dtype, rms=False) -> Launcher:
     """ln_bwd_dwdb_cols, the column sums of the row tier and of the jagged backward."""
-    f = function(bwd.dwdb_cols_kernel(x_dtype), device_id, 0)
+    f = function(bwd.dwdb_cols_kernel(x_dtype, rms), device_id, 0)
     return Launcher(f, _fmt(BWD_ARGS, x_dtype))
 
 
@@ -193,12 +237,12 @@ class BackwardLaunch(NamedTuple):
 
 
 @lru_cache(maxsize=4096)
-def backward_launch(device_id, m, n, x_dtype, w_dtype, db_dtype, vec) -> BackwardLaunch:
+def backward_launch(device_id, m, n, x_dtype, w_dtype, db_dtype, vec, rms=False) -> BackwardLaunch:
     """The backward's launch for M rows, with the short launch's plan where M makes one."""
     key = device_id, n, x_dtype, w_dtype, vec
-    k, plan, cap, cols = _backward_kernels(*key)
+    k, plan, cap, cols = _backward_kernels(*key, False, rms)
     if plan.tier == "reg" and bwd.backward_short(m, plan, cap):
-        k, plan, cap, cols = _backward_kernels(*key, True)
+        k, plan, cap, cols = _backward_kernels(*key, True, rms)
     sms = device(device_id).sm_count
     if plan.tier == "row":
         g, per = bwd.dwdb_slices(m, n, sms)
@@ -212,34 +256,39 @@ def backward_launch(device_id, m, n, x_dtype, w_dtype, db_dtype, vec) -> Backwar
 
 def launch_backward(dev, m, n, dy_ptr, dy_stride, x_ptr, x_stride, x_dtype, w_ptr, w_dtype,
                     mean_ptr, rstd_ptr, dx_ptr, dw_ptr, db_ptr, db_dtype, workspace,
-                    stream=None):  # fmt: skip
+                    stream=None, rms=False, dh_ptr=0, dh_stride=0):  # fmt: skip
     """Backward of M >= 1 rows of N; dx contiguous. ``workspace(nbytes)`` returns (address,
     owner) of scratch memory that stays untouched until the launches on ``stream`` are done
-    (memory allocated on that stream); the owner is dropped once they are enqueued."""
+    (memory allocated on that stream); the owner is dropped once they are enqueued. ``rms``:
+    RMSNorm's (no mean, no db); ``dh_ptr`` (at ``dh_stride``, x's dtype) or 0: added to dx."""
     esz = acc_dtype(x_dtype).itemsize
-    vec = vector_widths(x_dtype.itemsize, n, (x_stride, dy_stride), (x_ptr | dy_ptr | dx_ptr) & 15)
+    align = (x_ptr | dy_ptr | dx_ptr | dh_ptr) & 15
+    vec = vector_widths(x_dtype.itemsize, n, (x_stride, dy_stride, dh_stride), align)
     k, plan, cap, cols, g, per, (red, red_grid, red_block), inv_n = backward_launch(
-        dev, m, n, x_dtype, w_dtype, db_dtype, vec
+        dev, m, n, x_dtype, w_dtype, db_dtype, vec, rms
     )
     stream = _runtime.current_stream() if stream is None else stream
-    part, owner = workspace(2 * g * n * esz)
+    part, owner = workspace((1 if rms else 2) * g * n * esz)
     dw_part = part if w_ptr else 0
-    db_part = part + g * n * esz
+    db_part = 0 if rms else part + g * n * esz
     args = (dy_ptr, dy_stride, x_ptr, x_stride, w_ptr, mean_ptr, rstd_ptr, dx_ptr, dw_part,
-            db_part, m, n, inv_n, per)  # fmt: skip
+            db_part, m, n, inv_n, per, dh_ptr, dh_stride)  # fmt: skip
     if plan.tier != "row":  # one partial row per block (per cluster of blocks)
         k(g * plan.cluster, plan.block, plan.smem, stream, *args)
     else:
         k(grid_size(m, 1, cap), plan.block, plan.smem, stream, *args)
-        cols((-(-n // 32), g), bwd.REDUCE_BLOCK, 0, stream, *args)
-    red(red_grid, red_block, 0, stream, dw_part, db_part, g, n, dw_ptr, db_ptr)
+        if dw_part or db_part:
+            cols((-(-n // 32), g), bwd.REDUCE_BLOCK, 0, stream, *args)
+    if dw_ptr or db_ptr:
+        red(red_grid, red_block, 0, stream, dw_part, db_part, g, n, dw_ptr, db_ptr)
     del owner  # back to its allocator, reusable by later work on this stream only
 
 
 def forget_plans() -> None:
     """Drop every cached plan, kernel and launch (after a plan constant changes: the tests and
     tuning scripts)."""
-    for fn in (forward_launch, _backward_kernels, backward_launch, partial_reduce, jagged):
+    for fn in (forward_launch, add_launch, _backward_kernels, backward_launch, partial_reduce,
+               jagged):  # fmt: skip
         fn.cache_clear()
     _pointer_forwards.clear()
 

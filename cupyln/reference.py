@@ -162,6 +162,41 @@ def backward(dy, x, w=None, eps=1e-5, mean=None, rstd=None):
     return dx, dw, db
 
 
+def rms_forward(x, w=None, eps=1e-6, weight_offset=0.0):
+    """(y, rstd) of RMSNorm in float64: rstd = 1 / sqrt(mean(x^2) + eps), y = x * rstd *
+    (w + weight_offset)."""
+    x = to_float64(x)
+    rstd = 1.0 / _xp(x).sqrt((x * x).mean(axis=-1) + eps)
+    y = x * rstd[..., None]
+    if w is not None:
+        y = y * (to_float64(w) + weight_offset)
+    return y, rstd
+
+
+def rms_backward(dy, x, w=None, rstd=None, eps=1e-6, weight_offset=0.0, dh=None):
+    """(dx, dw) of RMSNorm in float64 (dw None without w), at the given rstd (else exact),
+    with dh added to dx."""
+    dy, x = to_float64(dy), to_float64(x)
+    rstd = rms_forward(x, eps=eps)[1] if rstd is None else to_float64(rstd)
+    xhat = x * rstd[..., None]
+    g = dy * (to_float64(w) + weight_offset) if w is not None else dy
+    c1 = (g * xhat).sum(axis=-1, keepdims=True) / x.shape[-1]
+    dx = (g - xhat * c1) * rstd[..., None]
+    if dh is not None:
+        dx = dx + to_float64(dh)
+    rows = tuple(range(x.ndim - 1))
+    return dx, (dy * xhat).sum(axis=rows) if w is not None else None
+
+
+def add(x, residual, dtype):
+    """h = x + residual, added exactly and rounded to ``dtype`` (as the kernels store it: the
+    float32 sum of two 16-bit or float32 values, rounded once)."""
+    h = to_float64(x) + to_float64(residual)
+    if numpy.dtype(dtype) != numpy.float64:
+        h = h.astype(_xp(h).float32)
+    return from_float32(h, dtype)
+
+
 def _segments(offsets, total, xp):
     """(sequence index of every row, rows per sequence) for jagged offsets [B + 1]."""
     o = xp.asarray(offsets).astype(xp.int64)

@@ -67,6 +67,7 @@ def variants(x_dtype) -> dict:
                     )
     for vec in _vecs(x_dtype):  # the stream tier's rows past NS
         out.add(F.forward_plan(20480, x_dtype, x_dtype, x_dtype, vec, SMEM_H100, 8, True).kernel)
+    out.update(family_variants(x_dtype))
     for tw in DTYPES:
         for tb in DTYPES:
             full = 16 // x_dtype.itemsize
@@ -83,11 +84,49 @@ def variants(x_dtype) -> dict:
         for n, vec in ((4096, 1), (32768, 16 // x_dtype.itemsize)):  # reg, cluster
             out.add(B.backward_plan(n, x_dtype, tw, vec, SMEM_H100, C.MAX_CLUSTER).kernel)
     out.add(B.dwdb_cols_kernel(x_dtype))
+    out.add(B.dwdb_cols_kernel(x_dtype, True))
     out.update(jagged_variants(x_dtype))
     files: dict = {f: set() for f in FILES}
     for k in out:
         files[_compile.source_of(k.name)].add(k)
     return {f: sorted(v, key=_compile.expression) for f, v in files.items()}
+
+
+def family_variants(x_dtype) -> set:
+    """The norm family's kernels: RMSNorm's forward (long launches streaming or not, one
+    wave) and backward plans, and the residual add's (h of x's dtype and of float32, with
+    either norm), with w and b of x's dtype, at every width and pack width, with and without
+    clusters; the unfused plans' ln_fwd_add and its cast."""
+    out = set()
+    f32 = np.dtype(np.float32)
+    hs = [x_dtype] if x_dtype.itemsize == 8 else sorted({x_dtype, f32}, key=str)
+    for smem in (SMEM_H100, SMEM_A100):
+        c = CLUSTERS[smem]
+        for n in NS:
+            for h in hs:
+                for rms in (False, True):
+                    widest = max(x_dtype.itemsize, h.itemsize)
+                    for vec in _vecs(x_dtype):
+                        if n % vec or vec * widest > 16:
+                            continue
+                        xs = (n, x_dtype, x_dtype, x_dtype, vec, smem, c)
+                        res = dict(rms=rms, residual=(h, h))
+                        plans = [F.forward_plan(*xs, stream=True, **res),
+                                 F.forward_plan(*xs, F.FWD_REG_ITEMS_SHORT, True, **res)]
+                        if h == x_dtype:
+                            plans += [F.forward_plan(*xs, stream=True, rms=rms),
+                                      F.forward_plan(*xs, rms=rms),
+                                      F.forward_plan(*xs, F.FWD_REG_ITEMS_SHORT, True, rms=rms),
+                                      B.backward_plan(n, x_dtype, x_dtype, vec, smem, c, False,
+                                                      rms),
+                                      B.backward_plan(n, x_dtype, x_dtype, vec, smem, c, True,
+                                                      rms)]  # fmt: skip
+                        for p in plans:
+                            out.add(p.kernel)
+                            if p.unfused:
+                                out.add(F.add_kernel(x_dtype, h, h, vec))
+                                out.add(F.add_kernel(h, None, x_dtype, vec))
+    return out
 
 
 def jagged_variants(x_dtype) -> set:
@@ -136,19 +175,20 @@ def test_spill_allowances():
 
     def reg(items, tpr, block, minb, center, whole):
         return kernel("ln_fwd_reg", T=bf, TW=bf, TB=bf, VEC=8, ITEMS=items, TPR=tpr,
-                      BLOCK=block, MINB=minb, CENTER=center, WHOLE=whole)  # fmt: skip
+                      BLOCK=block, MINB=minb, CENTER=center, WHOLE=whole, RMS=False, TR=None,
+                      TH=None)  # fmt: skip
 
     def bwd(tpr, block, flag):
         return kernel("ln_bwd_reg", T=bf, TW=bf, VEC=8, ITEMS=2, TPR=tpr, BLOCK=block,
-                      AHEAD=flag, SHARED_SUMS=flag, STAGE_W=flag)  # fmt: skip
+                      AHEAD=flag, SHARED_SUMS=flag, STAGE_W=flag, RMS=False)  # fmt: skip
 
     def stream(has_b):
         return kernel("ln_fwd_stream", T=bf, TW=bf, TB=bf, VEC=8, TPR=512, BLOCK=512, NCH=4,
                       MINB=4, PARTIAL=False, ROLL=False, COHERENT_WB=False, HAS_W=True,
-                      HAS_B=has_b)  # fmt: skip
+                      HAS_B=has_b, RMS=False, RES=False)  # fmt: skip
 
     cluster = kernel("ln_bwd_reg_cluster", T=bf, TW=bf, VEC=8, ITEMS=4, BLOCK=256, C=8,
-                     STAGE_W=True)  # fmt: skip
+                     STAGE_W=True, RMS=False)  # fmt: skip
     assert spill_allowed(cluster) == 48
     assert spill_allowed(bwd(512, 512, True)) == AHEAD_SPILL
     assert spill_allowed(bwd(64, 64, False)) == 0
@@ -205,6 +245,9 @@ def test_each_kernel_compiles(source, arch):
                     seen.setdefault(p.kernel.name, p.kernel)
     seen["ln_partial_reduce"] = B.reduce_kernel(4096, 1, 132, bf, f32, f32)[0]
     seen["ln_bwd_dwdb_cols"] = B.dwdb_cols_kernel(bf)
+    seen["ln_fwd_add"] = F.add_kernel(bf, f32, f32, 4)
+    for k in family_variants(bf):
+        seen.setdefault(k.name, k)
     for k in jagged_variants(bf):
         seen.setdefault(k.name, k)
     kernels = [k for k in seen.values() if _compile.source_of(k.name) == source]
@@ -222,9 +265,12 @@ def test_includes_are_inlined_and_hashed():
 
 def test_expressions_render_the_dtype_table():
     bf, f32 = ref_bf16(), np.dtype(np.float32)
-    k = kernel("ln_fwd_row", T=bf, TW=f32, TB=f32, VEC=8, BLOCK=256, STAGE=True)
-    assert (
-        _compile.expression(k) == "cupyln::ln_fwd_row<cupyln::bf16_t, float, float, 8, 256, true>"
+    k = kernel("ln_fwd_row", T=bf, TW=f32, TB=f32, VEC=8, BLOCK=256, STAGE=True, RMS=False)
+    assert _compile.expression(k) == (
+        "cupyln::ln_fwd_row<cupyln::bf16_t, float, float, 8, 256, true, false>"
+    )
+    assert _compile.expression(F.add_kernel(bf, None, f32, 8)) == (
+        "cupyln::ln_fwd_add<cupyln::bf16_t, void, float, 8>"
     )
     assert _compile.expression(J.check_kernel(np.dtype(np.int64))) == (
         "cupyln::jag_check_offsets<long long>"

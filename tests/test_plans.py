@@ -266,6 +266,7 @@ def _check_bwd_reg_cluster(plan, n, dtype, smem):
         BLOCK=block,
         C=c,
         STAGE_W=True,
+        RMS=False,
     )  # w of x's dtype: staged
     assert plan.kernel == want, plan
     # the next row's x and dy, the dw/db sums (float32) and w
@@ -526,12 +527,15 @@ def test_stream_16bit_rows():
             assert got == ("stream", block, tpr, steps, block // tpr, minb * block), (n, p)
             roll = n in (1024, 1536, 2048)  # pass 2 a loop
             coherent = fp16 in (x, w, b)  # w and b through ld.global
-            want = (8, tpr, block, steps, minb, partial, roll, coherent, True, True)
+            want = (8, tpr, block, steps, minb, partial, roll, coherent, True, True, False, False)
             assert p.kernel.args[3:] == want, p
             assert F.forward_grid(70001, p, 0) == -(-70001 // (block // tpr))
             for affine in ((True, False), (False, True), (False, False)):
                 q = F.forward_plan(n, x, w, b, 8, SMEM_H100, h100, stream=True, affine=affine)
-                assert q.tier == "stream" and q.kernel.args == p.kernel.args[:-2] + affine
+                assert q.tier == "stream" and q.kernel.args == p.kernel.args[:-4] + affine + (
+                    False,
+                    False,
+                )
     for args in (
         (8192, bf16, f32, f32, 8, SMEM_H100, h100),  # float32 w and b
         (8192, f32, f32, f32, 4, SMEM_H100, h100),  # float32 rows

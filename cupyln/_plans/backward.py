@@ -125,13 +125,14 @@ class _Rows:
 
 
 def backward_plan(n: int, x_dtype, w_dtype, vec: int, smem_limit: int, max_cluster: int = 1,
-                  short: bool = False) -> Plan:  # fmt: skip
+                  short: bool = False, rms: bool = False) -> Plan:  # fmt: skip
     """The kernel computing dx (and, but in the row tier, the dw/db partial rows) for rows of
     N elements of ``x_dtype`` in packs of ``vec``, w of ``w_dtype``. ``max_cluster``: the
     largest thread-block cluster the device runs (1: none); ``short``: a launch whose grid
-    stays short of the resident blocks (backward_short)."""
+    stays short of the resident blocks (backward_short); ``rms``: RMSNorm's backward (the
+    same tiers, no db)."""
     rows = _Rows(x_dtype, w_dtype, vec, smem_limit, x_dtype.itemsize == 2 and vec == 8)
-    dtypes = dict(T=x_dtype, TW=w_dtype)
+    dtypes = dict(T=x_dtype, TW=w_dtype, RMS=rms)
     values = BWD_REG_VALUES * 4 // acc_dtype(x_dtype).itemsize
     shape = reg_shape(n, vec, values, REG_BLOCK_MAX)
     shared = False
@@ -153,7 +154,7 @@ def backward_plan(n: int, x_dtype, w_dtype, vec: int, smem_limit: int, max_clust
                 smem = rows.smem(block, items, True, staged_w, ahead=True)
                 return Plan(k, "reg", vec, items, block, block, 1, smem, c)
     if shape is not None:
-        return _reg_plan(n, rows, shape, values, shared, short)
+        return _reg_plan(n, rows, shape, values, shared, short, rms)
     ring = _ring_shape(n, vec, x_dtype.itemsize, values, share(smem_limit), max_cluster)
     if ring is not None:
         c, items, lag, smem = ring
@@ -169,7 +170,8 @@ def backward_plan(n: int, x_dtype, w_dtype, vec: int, smem_limit: int, max_clust
     return Plan(k, "row", vec, 0, ROW_BLOCK, ROW_BLOCK, 1, row_bytes if stage else 0)
 
 
-def _reg_plan(n: int, rows: _Rows, shape, values: int, shared: bool, short: bool) -> Plan:
+def _reg_plan(n: int, rows: _Rows, shape, values: int, shared: bool, short: bool,
+              rms: bool = False) -> Plan:  # fmt: skip
     """ln_bwd_reg for ``shape`` (tpr, items, block): 16-bit rows of small blocks get blocks in
     steps of a warp (_small_block), rows of a block that shares its SM grow to split the SM's
     threads evenly (_fill_sm), and rows of 64-128 threads share blocks (_group_block)."""
@@ -186,7 +188,8 @@ def _reg_plan(n: int, rows: _Rows, shape, values: int, shared: bool, short: bool
     if packs16 and not ahead and tpr > 32:
         block = _group_block(tpr, items * vec, short)
     k = kernel("ln_bwd_reg", T=rows.x_dtype, TW=rows.w_dtype, VEC=vec, ITEMS=items, TPR=tpr,
-               BLOCK=block, AHEAD=ahead, SHARED_SUMS=shared, STAGE_W=staged_w)  # fmt: skip
+               BLOCK=block, AHEAD=ahead, SHARED_SUMS=shared, STAGE_W=staged_w,
+               RMS=rms)  # fmt: skip
     return Plan(k, "reg", vec, items, tpr, block, block // tpr, smem)
 
 
@@ -313,9 +316,9 @@ def dwdb_slices(m: int, n: int, sm_count: int) -> tuple[int, int]:
     return cdiv(m, per), per
 
 
-def dwdb_cols_kernel(x_dtype):
+def dwdb_cols_kernel(x_dtype, rms: bool = False):
     """The row tier's dw/db column kernel (also the jagged backward's)."""
-    return kernel("ln_bwd_dwdb_cols", T=x_dtype)
+    return kernel("ln_bwd_dwdb_cols", T=x_dtype, RMS=rms)
 
 
 def reduce_kernel(n: int, slices: int, sm_count: int, x_dtype, dw_dtype, db_dtype):

@@ -9,7 +9,21 @@ from dataclasses import dataclass
 # Each kernel's template parameters, in the order kernels/*.cu declares them. A plan names its
 # arguments; the compile layer renders them in this order.
 SIGNATURES: dict[str, tuple[str, ...]] = {
-    "ln_fwd_reg": ("T", "TW", "TB", "VEC", "ITEMS", "TPR", "BLOCK", "MINB", "CENTER", "WHOLE"),
+    "ln_fwd_reg": (
+        "T",
+        "TW",
+        "TB",
+        "VEC",
+        "ITEMS",
+        "TPR",
+        "BLOCK",
+        "MINB",
+        "CENTER",
+        "WHOLE",
+        "RMS",
+        "TR",
+        "TH",
+    ),  # fmt: skip
     "ln_fwd_stream": (
         "T",
         "TW",
@@ -24,6 +38,8 @@ SIGNATURES: dict[str, tuple[str, ...]] = {
         "COHERENT_WB",
         "HAS_W",
         "HAS_B",
+        "RMS",
+        "RES",
     ),  # fmt: skip
     "ln_fwd_reg_cluster": (
         "T",
@@ -36,16 +52,29 @@ SIGNATURES: dict[str, tuple[str, ...]] = {
         "MINB",
         "STAGE_WB",
         "LAG",
+        "RMS",
     ),  # fmt: skip
     "ln_fwd_ring": ("T", "TW", "TB", "VEC", "BLOCK", "GROUP"),
-    "ln_fwd_cluster": ("T", "TW", "TB", "VEC", "BLOCK", "C"),
-    "ln_fwd_row": ("T", "TW", "TB", "VEC", "BLOCK", "STAGE"),
-    "ln_bwd_reg": ("T", "TW", "VEC", "ITEMS", "TPR", "BLOCK", "AHEAD", "SHARED_SUMS", "STAGE_W"),
-    "ln_bwd_reg_cluster": ("T", "TW", "VEC", "ITEMS", "BLOCK", "C", "STAGE_W"),
-    "ln_bwd_ring": ("T", "TW", "VEC", "ITEMS", "BLOCK"),
-    "ln_bwd_cluster": ("T", "TW", "VEC", "ITEMS", "BLOCK", "C", "LAG"),
-    "ln_bwd_row": ("T", "TW", "VEC", "BLOCK", "STAGE"),
-    "ln_bwd_dwdb_cols": ("T",),
+    "ln_fwd_cluster": ("T", "TW", "TB", "VEC", "BLOCK", "C", "RMS"),
+    "ln_fwd_row": ("T", "TW", "TB", "VEC", "BLOCK", "STAGE", "RMS"),
+    "ln_fwd_add": ("T", "TR", "TH", "VEC"),
+    "ln_bwd_reg": (
+        "T",
+        "TW",
+        "VEC",
+        "ITEMS",
+        "TPR",
+        "BLOCK",
+        "AHEAD",
+        "SHARED_SUMS",
+        "STAGE_W",
+        "RMS",
+    ),  # fmt: skip
+    "ln_bwd_reg_cluster": ("T", "TW", "VEC", "ITEMS", "BLOCK", "C", "STAGE_W", "RMS"),
+    "ln_bwd_ring": ("T", "TW", "VEC", "ITEMS", "BLOCK", "RMS"),
+    "ln_bwd_cluster": ("T", "TW", "VEC", "ITEMS", "BLOCK", "C", "LAG", "RMS"),
+    "ln_bwd_row": ("T", "TW", "VEC", "BLOCK", "STAGE", "RMS"),
+    "ln_bwd_dwdb_cols": ("T", "RMS"),
     "ln_partial_reduce": ("A", "TW", "TB", "Y", "C"),
     "jag_partition": ("I",),
     "jag_check_offsets": ("I",),
@@ -103,6 +132,7 @@ class Plan:
     smem: int
     cluster: int = 1
     threads: int = 0
+    unfused: bool = False  # a residual add the kernel does not fuse: ln_fwd_add runs first
 
     def arg(self, param: str):
         return self.kernel.arg(param)

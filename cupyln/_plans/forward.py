@@ -13,6 +13,11 @@ ring            rows a block's shared memory holds                           ln_
 row             the rest: one block a row, staged or re-read                 ln_fwd_row
 ==============  ==========================================================  ================
 
+RMSNorm (``rms``) takes the same tiers but ring, whose rows go to row. A residual add
+(``residual``: the dtypes of the residual and of h) is fused by the register rows (ln_fwd_reg)
+and by the stream tier where x, the residual and h share a 16-bit dtype; other rows take
+``unfused`` plans: ln_fwd_add writes h first, then the norm of h runs as a plan of h's dtype.
+
 Every tuned constant below says in a line why it has its value; docs/tuning.md holds the A/B
 that chose it. The kernels' headers (kernels/layer_norm_fwd*.cu) say what each template
 argument does.
@@ -21,6 +26,7 @@ argument does.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from .._dtypes import acc_dtype
 from .common import (
@@ -28,6 +34,7 @@ from .common import (
     REG_BLOCK_MAX,
     ROW_BLOCK,
     STATIC_SMEM_MARGIN,
+    Kernel,
     Plan,
     async_copyable,
     cdiv,
@@ -51,6 +58,9 @@ FWD_CENTER_THREADS = 768  # ...at this many threads an SM (80 registers a thread
 FWD_CENTER_EXACT = True  # sm_90: rows of a warp whose packs fill 3 of 4 slots keep just 3
 FWD_LEAN_FROM = 6144  # 16-bit rows from this width keep FWD_REG_ITEMS_SHORT packs...
 FWD_LEAN_THREADS = 1536  # ...where their block divides this many threads an SM (40 registers)
+
+FWD_RES_ITEMS = 4  # with a residual: x's and the residual's packs are in flight at once...
+FWD_RES_THREADS = 768  # ...in 80 registers a thread: at 64, ptxas spills
 
 # ---------------------------------------------------- register clusters (ln_fwd_reg_cluster)
 FWD_REG_CLUSTER_BLOCK = 512  # rows past one block this size split over a cluster (sm_90)
@@ -102,18 +112,20 @@ def forward_waves(m: int, plan: Plan, sm_count: int) -> float:
 
 def forward_launch_plan(m: int, n: int, x_dtype, w_dtype, b_dtype, vec: int, smem_limit: int,
                         max_cluster: int, sm_count: int, dram_per_sm: float = 0.0,
-                        affine: tuple = (True, True)) -> Plan:  # fmt: skip
+                        affine: tuple = (True, True), rms: bool = False,
+                        residual: tuple | None = None) -> Plan:  # fmt: skip
     """The forward's plan for M rows of N: ``forward_plan`` at ``forward_items`` packs a
     thread. A short launch on sm_90 takes instead, of the plans whose grid fits one wave of
     resident blocks, the one that fills it most, where that beats the first plan's fill of its
     waves; and streams where none fits one wave (FWD_STREAM_SHORT). Long launches stream where
     the device's DRAM feeds an SM at FWD_STREAM_DRAM_PER_SM or more. ``affine``: (w given, b
-    given)."""
+    given); ``rms``, ``residual``: as forward_plan."""
     items = forward_items(m, n, vec, sm_count)
     stream = dram_per_sm >= FWD_STREAM_DRAM_PER_SM and m <= MAX_GRID
     dtypes = (x_dtype, w_dtype, b_dtype)
+    norm = dict(rms=rms, residual=residual)
     plan = forward_plan(n, *dtypes, vec, smem_limit, max_cluster, items, stream=stream,
-                        affine=affine)  # fmt: skip
+                        affine=affine, **norm)  # fmt: skip
     if items == FWD_REG_ITEMS or max_cluster <= 1:
         return plan
     waves = forward_waves(m, plan, sm_count)
@@ -121,15 +133,15 @@ def forward_launch_plan(m: int, n: int, x_dtype, w_dtype, b_dtype, vec: int, sme
         return plan
     best, fill = plan, waves / math.ceil(waves)
     for other in (
-        forward_plan(n, *dtypes, vec, smem_limit, max_cluster, items, True),
-        forward_plan(n, *dtypes, vec, smem_limit, max_cluster),
+        forward_plan(n, *dtypes, vec, smem_limit, max_cluster, items, True, **norm),
+        forward_plan(n, *dtypes, vec, smem_limit, max_cluster, **norm),
     ):
         w = forward_waves(m, other, sm_count)
         if 0 < w <= 1 and w > fill:
             best, fill = other, w
     if FWD_STREAM_SHORT and stream and best is plan and waves > 1:
         streamed = forward_plan(n, *dtypes, vec, smem_limit, max_cluster, stream=True,
-                                affine=affine)  # fmt: skip
+                                affine=affine, **norm)  # fmt: skip
         if streamed.tier == "stream":
             return streamed
     return best
@@ -137,14 +149,19 @@ def forward_launch_plan(m: int, n: int, x_dtype, w_dtype, b_dtype, vec: int, sme
 
 def forward_plan(n: int, x_dtype, w_dtype, b_dtype, vec: int, smem_limit: int,
                  max_cluster: int = 1, items: int = FWD_REG_ITEMS, one_wave: bool = False,
-                 stream: bool = False, affine: tuple = (True, True)) -> Plan:  # fmt: skip
+                 stream: bool = False, affine: tuple = (True, True), rms: bool = False,
+                 residual: tuple | None = None) -> Plan:  # fmt: skip
     """The forward's kernel for rows of N elements of ``x_dtype`` in packs of ``vec``.
 
     ``smem_limit``: the device's opt-in shared bytes a block; ``max_cluster``: the largest
     thread-block cluster it runs (1: none); ``items``: packs a register-tier thread keeps
     (forward_items); ``one_wave``: centered rows ask for FWD_REG_THREADS an SM (sm_90 short
     launches); ``stream``: 16-bit rows of a streamable shape stream (sm_90, at FWD_REG_ITEMS);
-    ``affine``: (w given, b given), compile-time flags of the stream kernel."""
+    ``affine``: (w given, b given), compile-time flags of the stream kernel; ``rms``: RMSNorm;
+    ``residual``: (residual dtype, h dtype) of a residual add in front, or None."""
+    if residual is not None:
+        return _residual_plan(n, x_dtype, w_dtype, b_dtype, vec, smem_limit, max_cluster, items,
+                              one_wave, stream, affine, rms, residual)  # fmt: skip
     dtypes = dict(T=x_dtype, TW=w_dtype, TB=b_dtype)
     size = x_dtype.itemsize
     row_bytes = staged(n, size)
@@ -156,7 +173,7 @@ def forward_plan(n: int, x_dtype, w_dtype, b_dtype, vec: int, smem_limit: int,
     sixteen = wide16 and widest == 2 and max_cluster > 1
     streamed = _stream_shape(n, vec) if stream and sixteen and items == FWD_REG_ITEMS else None
     if streamed is not None and not one_wave:
-        return _stream_plan(n, vec, dtypes, streamed, affine)
+        return _stream_plan(n, vec, dtypes, streamed, affine, rms)
     if sixteen and n >= FWD_LEAN_FROM:
         shape4 = reg_shape(n, vec, FWD_REG_ITEMS_SHORT * vec, block_max)
         if shape4 is not None and FWD_LEAN_THREADS % shape4[2] == 0:  # 192, 256, 384, 512
@@ -169,16 +186,17 @@ def forward_plan(n: int, x_dtype, w_dtype, b_dtype, vec: int, smem_limit: int,
     # register clusters take 16-byte packs only: narrower ones lost to one block or a ring
     split = _reg_cluster(n, vec, values, shape, max_cluster) if wide16 and not wide else None
     if split is not None:
-        return _reg_cluster_plan(vec, dtypes, split, smem_limit)
+        return _reg_cluster_plan(vec, dtypes, split, smem_limit, rms)
     ring_split = _cluster_shape(n, vec, size, row_bytes, smem_limit, max_cluster)
     if ring_split is not None:
         c, block, smem = ring_split
-        k = kernel("ln_fwd_cluster", **dtypes, VEC=vec, BLOCK=block, C=c)
+        k = kernel("ln_fwd_cluster", **dtypes, VEC=vec, BLOCK=block, C=c, RMS=rms)
         return Plan(k, "cluster", vec, 0, block, block, 1, smem, c)
     if shape is not None:
         return _reg_plan(n, vec, dtypes, shape, values, block_max, sixteen, one_wave,
-                         max_cluster)  # fmt: skip
-    ring = _ring_shape(row_bytes, smem_limit) if async_copyable(vec, size) else None
+                         max_cluster, rms)  # fmt: skip
+    copyable = async_copyable(vec, size) and not rms  # ring_forward.cuh is LayerNorm's only
+    ring = _ring_shape(row_bytes, smem_limit) if copyable else None
     if ring is not None:
         block, smem = ring
         k = kernel("ln_fwd_ring", **dtypes, VEC=vec, BLOCK=block, GROUP=block)
@@ -186,14 +204,39 @@ def forward_plan(n: int, x_dtype, w_dtype, b_dtype, vec: int, smem_limit: int,
     stage = row_bytes <= smem_limit - STATIC_SMEM_MARGIN
     alone = not stage or 2 * (row_bytes + STATIC_SMEM_MARGIN) > smem_limit
     block = ROW_BLOCK_ALONE if alone else ROW_BLOCK
-    k = kernel("ln_fwd_row", **dtypes, VEC=vec, BLOCK=block, STAGE=stage)
+    k = kernel("ln_fwd_row", **dtypes, VEC=vec, BLOCK=block, STAGE=stage, RMS=rms)
     return Plan(k, "row", vec, 0, block, block, 1, row_bytes if stage else 0)
 
 
-def _reg_plan(n, vec, dtypes, shape, values, block_max, sixteen, one_wave, max_cluster) -> Plan:
+def _residual_plan(n, x_dtype, w_dtype, b_dtype, vec, smem_limit, max_cluster, items, one_wave,
+                   stream, affine, rms, residual) -> Plan:  # fmt: skip
+    """The plan of a residual add in front of the norm: the stream tier where x, the residual
+    and h share a dtype, else the register rows where one block holds the row; else the plan of
+    h's norm, ``unfused`` (ln_fwd_add writes h first)."""
+    r_dtype, h_dtype = residual
+    plain = forward_plan(n, x_dtype, w_dtype, b_dtype, vec, smem_limit, max_cluster, items,
+                         one_wave, stream and x_dtype == r_dtype == h_dtype, affine, rms)
+    if plain.tier == "stream":
+        k = plain.kernel
+        return replace(plain, kernel=Kernel(k.name, k.args[:-1] + (True,)))
+    dtypes = dict(T=x_dtype, TW=w_dtype, TB=b_dtype)
+    block_max = REG_BLOCK_MAX  # (1024-thread blocks cap a thread at 64 registers: spills)
+    items = min(items, FWD_RES_ITEMS)
+    shape = reg_shape(n, vec, items * vec, block_max)
+    if shape is not None:
+        return _reg_plan(n, vec, dtypes, shape, items * vec, block_max, False, one_wave,
+                         max_cluster, rms, residual)  # fmt: skip
+    h_plan = forward_plan(n, h_dtype, w_dtype, b_dtype, vec, smem_limit, max_cluster, items,
+                          one_wave, False, affine, rms)  # fmt: skip
+    return replace(h_plan, unfused=True)
+
+
+def _reg_plan(n, vec, dtypes, shape, values, block_max, sixteen, one_wave, max_cluster,
+              rms=False, residual=None) -> Plan:  # fmt: skip
     """ln_fwd_reg: the row as loaded (``shape``) or, for 16-bit rows in blocks of up to
-    FWD_CENTER_BLOCK threads and double rows, centered copies in the arithmetic type."""
-    x_dtype = dtypes["T"]
+    FWD_CENTER_BLOCK threads and double rows, centered copies in the arithmetic type. With a
+    ``residual`` the row held is h's."""
+    x_dtype = dtypes["T"] if residual is None else residual[1]
     size = x_dtype.itemsize
     acc = acc_dtype(x_dtype).itemsize
     centered = reg_shape(n, vec, min(values, FWD_CENTER_BYTES // acc), block_max)
@@ -216,15 +259,18 @@ def _reg_plan(n, vec, dtypes, shape, values, block_max, sixteen, one_wave, max_c
         threads = FWD_REG_THREADS if wave else FWD_CENTER_THREADS
     else:
         threads = FWD_LEAN_THREADS if lean else FWD_REG_THREADS
+    if residual is not None:
+        threads = FWD_RES_THREADS
     wide = max(size, dtypes["TW"].itemsize, dtypes["TB"].itemsize) > 4
     minb = 1 if wide else max(1, threads // block)
     whole = min(items, n // (tpr * vec)) if center and acc > size else 0
+    tr, th = residual if residual is not None else (None, None)
     k = kernel("ln_fwd_reg", **dtypes, VEC=vec, ITEMS=items, TPR=tpr, BLOCK=block, MINB=minb,
-               CENTER=center, WHOLE=whole)  # fmt: skip
+               CENTER=center, WHOLE=whole, RMS=rms, TR=tr, TH=th)  # fmt: skip
     return Plan(k, "reg", vec, items, tpr, block, block // tpr, 0, 1, 0 if wide else minb * block)
 
 
-def _stream_plan(n, vec, dtypes, shape, affine) -> Plan:
+def _stream_plan(n, vec, dtypes, shape, affine, rms=False) -> Plan:
     """ln_fwd_stream for a ``_stream_shape``: a block a row, or eight rows of a warp."""
     tpr, steps, partial = shape
     block = tpr if tpr > 32 else FWD_STREAM_WARP_BLOCK
@@ -233,7 +279,7 @@ def _stream_plan(n, vec, dtypes, shape, affine) -> Plan:
     names = {d.name for d in dtypes.values()}
     k = kernel("ln_fwd_stream", **dtypes, VEC=vec, TPR=tpr, BLOCK=block, NCH=steps, MINB=minb,
                PARTIAL=partial, ROLL=roll, COHERENT_WB=bool(names & FWD_STREAM_COHERENT_WB),
-               HAS_W=affine[0], HAS_B=affine[1])  # fmt: skip
+               HAS_W=affine[0], HAS_B=affine[1], RMS=rms, RES=False)  # fmt: skip
     return Plan(k, "stream", vec, steps, tpr, block, block // tpr, 0, 1, minb * block)
 
 
@@ -276,7 +322,7 @@ def _reg_cluster(n: int, vec: int, values: int, shape, max_cluster: int):
     return None
 
 
-def _reg_cluster_plan(vec: int, dtypes: dict, split, smem_limit: int) -> Plan:
+def _reg_cluster_plan(vec: int, dtypes: dict, split, smem_limit: int, rms: bool = False) -> Plan:
     """ln_fwd_reg_cluster, w's and b's slices staged in shared memory where the SM's blocks'
     copies fit FWD_STAGE_WB_SM (float32 rows: two rows a block in blocks of FWD_LAG_BLOCK
     threads or more; else fewer blocks an SM, or twice the blocks of half the threads)."""
@@ -301,7 +347,7 @@ def _reg_cluster_plan(vec: int, dtypes: dict, split, smem_limit: int) -> Plan:
     else:
         smem = 0  # w and b read through L1
     k = kernel("ln_fwd_reg_cluster", **dtypes, VEC=vec, ITEMS=items, BLOCK=block, C=cluster,
-               MINB=minb, STAGE_WB=smem > 0, LAG=lag)  # fmt: skip
+               MINB=minb, STAGE_WB=smem > 0, LAG=lag, RMS=rms)  # fmt: skip
     return Plan(k, "reg", vec, items, block, block, 1, smem, cluster)
 
 
@@ -330,6 +376,14 @@ def _ring_shape(nbytes: int, smem_limit: int):
         if nbytes <= share(smem_limit, k):
             return (RING_BLOCK_SPLIT if k == RING_SPLIT else RING_BLOCK), nbytes
     return None
+
+
+ADD_BLOCK = 256  # ln_fwd_add's threads a block (a grid-stride walk: any size keeps up)
+
+
+def add_kernel(x_dtype, r_dtype, h_dtype, vec: int):
+    """ln_fwd_add: h = x + residual (r_dtype None: h = x, a cast), for the unfused plans."""
+    return kernel("ln_fwd_add", T=x_dtype, TR=r_dtype, TH=h_dtype, VEC=vec)
 
 
 def forward_grid(m: int, plan: Plan, capacity: int) -> int:

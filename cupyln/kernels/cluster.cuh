@@ -263,11 +263,12 @@ struct ColumnSlices {
 // sum of squared deviations from the slice's mean) of slice p, as ClusterExchange received
 // them; n = the row's elements. Chan et al.'s pairwise update in rank order, offsets taken
 // against k_0, gives every block of the cluster bitwise the same mean and m2 (the row's sum of
-// squared deviations), with no E[x^2] - E[x]^2. Returns rs = 1 / sqrt(m2 / n + eps) and off =
-// the row's mean minus `k`, the calling block's shift; stores the mean and rs at *mean and
-// *rstd where `mean` is not null (one thread of the cluster passes them). Divisions, once a
-// row: a reciprocal held across the caller's loop over rows spills some variants.
-template <int C, int VEC, typename A>
+// squared deviations), with no E[x^2] - E[x]^2. Returns rs = 1 / sqrt(m2 / n + eps) (RMS:
+// rstd_of's) and off = the row's mean minus `k`, the calling block's shift (RMS: -k, so that
+// x - k - off is x); stores the mean and rs at *mean and *rstd where each is not null (one
+// thread of the cluster passes them). Divisions, once a row: a reciprocal held across the
+// caller's loop over rows spills some variants.
+template <bool RMS, int C, int VEC, typename A>
 __device__ __forceinline__ void merge_slices(const A* got, const ColumnSlices<C, VEC>& slices,
                                              const int n, const A eps, const A k, A& off,
                                              A& rs, A* mean, A* rstd) {
@@ -284,12 +285,10 @@ __device__ __forceinline__ void merge_slices(const A* got, const ColumnSlices<C,
     const A dm = (got[3 * p] - k0) + got[3 * p + 1] - mu;
     m2 += got[3 * p + 2] + slices.template elements<A>(p) * dm * dm;
   }
-  rs = rsqrt_acc(m2 / A(n) + eps);
-  off = mu - (k - k0);
-  if (mean != nullptr) {
-    *mean = k0 + mu;
-    *rstd = rs;
-  }
+  rs = rstd_of<RMS>(m2 / A(n), k0 + mu, eps);
+  off = RMS ? -k : mu - (k - k0);
+  if (mean != nullptr) *mean = k0 + mu;
+  if (rstd != nullptr) *rstd = rs;
 }
 
 }  // namespace cupyln

@@ -135,6 +135,16 @@ __device__ __forceinline__ auto& choose(X& a, Y& b) {
   }
 }
 
+// X if C, else Y
+template <bool C, typename X, typename Y>
+struct choose_type {
+  typedef X type;
+};
+template <typename X, typename Y>
+struct choose_type<false, X, Y> {
+  typedef Y type;
+};
+
 // ------------------------------------------------------------------ vector access
 template <typename T, int VEC>
 struct alignas(sizeof(T) * VEC) Pack {
@@ -422,11 +432,63 @@ __device__ __forceinline__ void sum_over_y(A& a, A& b) {
   }
 }
 
+// ------------------------------------------------------------------ the norm family
+template <typename X>
+struct IsVoid {
+  static constexpr bool value = false;
+};
+template <>
+struct IsVoid<void> {
+  static constexpr bool value = true;
+};
+// The element type a kernel normalizes: x's (T), or with a residual (TR not void) h's (TH).
+template <typename T, typename TR, typename TH>
+struct Normalized {
+  typedef TH type;
+};
+template <typename T, typename TH>
+struct Normalized<T, void, TH> {
+  typedef T type;
+};
+
 template <typename A>
 __device__ __forceinline__ A rsqrt_acc(A v);
 template <>
 __device__ __forceinline__ float rsqrt_acc<float>(float v) { return rsqrtf(v); }
 template <>
 __device__ __forceinline__ double rsqrt_acc<double>(double v) { return rsqrt(v); }
+
+// rstd of a row from its exact mean and biased variance: LayerNorm 1 / sqrt(var + eps); RMS
+// 1 / sqrt(mean(x^2) + eps), with mean(x^2) = var + mean^2 (two non-negative terms: no
+// cancellation), so that every tier's two-pass statistics serve both norms.
+template <bool RMS, typename A>
+__device__ __forceinline__ A rstd_of(const A var, const A mean, const A eps) {
+  return rsqrt_acc(RMS ? var + mean * mean + eps : var + eps);
+}
+
+// o[k] += dh[k] for the VEC elements at p (a pack), where p is not nullptr: the gradient along
+// the residual stream, added to dx.
+template <typename T, typename A, int VEC>
+__device__ __forceinline__ void add_grad(const T* __restrict__ p, A (&o)[VEC]) {
+  if (p != nullptr) {
+    A d[VEC];
+    load_pack<A, T, VEC>(p, d);
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) o[k] += d[k];
+  }
+}
+
+// h = x + res for the VEC elements of px and pr, added in A and rounded to TH (what the norm
+// then reads), stored at dst.
+template <typename A, typename TH, typename T, typename TR, int VEC>
+__device__ __forceinline__ Pack<TH, VEC> add_residual(const Pack<T, VEC>& px,
+                                                      const Pack<TR, VEC>& pr,
+                                                      TH* __restrict__ dst) {
+  Pack<TH, VEC> ph;
+#pragma unroll
+  for (int e = 0; e < VEC; ++e) ph.v[e] = narrow<TH>(widen_at<A>(px, e) + widen_at<A>(pr, e));
+  *reinterpret_cast<Pack<TH, VEC>*>(dst) = ph;
+  return ph;
+}
 
 }  // namespace cupyln

@@ -3,8 +3,10 @@
 // and the partial rows' reduce in layer_norm_bwd_sums.cu.
 //
 // With xhat = (x - mean) * rstd and g = dy * w (g = dy without w):
-//   dx = rstd * (g - mean_N(g) - xhat * mean_N(g * xhat))
+//   dx = rstd * (g - mean_N(g) - xhat * mean_N(g * xhat)) + dh
 //   dw = sum over rows of dy * xhat,    db = sum over rows of dy.
+// RMS (RMSNorm): mean = 0 and no mean_N(g) term; no db (db_part is not written). dh: the
+// gradient along the residual stream, or nullptr.
 // Parameters: CUPYLN_BWD_PARAMS (args.cuh), the same list for every kernel of this file but
 // ln_partial_reduce.
 // Inputs : dy, x [M, N] of T (own row strides, last dim contiguous), w [N] of TW or nullptr,
@@ -113,14 +115,14 @@ __device__ __forceinline__ void row_packs(const T* __restrict__ xr, const T* __r
 // of 4, 8 or 16 bytes; C > 1 needs AHEAD, SHARED_SUMS, a block per row and 16-byte packs; row
 // groups of more than a warp: at most 15 a block (named barriers 1-15).
 template <typename T, typename TW, int VEC, int ITEMS, int TPR, int BLOCK, bool AHEAD,
-          bool SHARED_SUMS, int C, bool STAGE_W>
+          bool SHARED_SUMS, int C, bool STAGE_W, bool RMS>
 __device__ __forceinline__ void bwd_reg_rows(
     const T* __restrict__ dy, const i64 dy_stride, const T* __restrict__ x, const i64 x_stride,
     const TW* __restrict__ w, const typename AccOf<T>::type* __restrict__ mean,
     const typename AccOf<T>::type* __restrict__ rstd, T* __restrict__ dx,
     typename AccOf<T>::type* __restrict__ dw_part, typename AccOf<T>::type* __restrict__ db_part,
     const i64 M, const int N, const typename AccOf<T>::type inv_n,
-    typename AccOf<T>::type* xch) {
+    typename AccOf<T>::type* xch, const T* __restrict__ dh, const i64 dh_stride) {
   typedef typename AccOf<T>::type A;
   typedef Pack<T, VEC> P;
   static_assert(TPR <= 32 ? 32 % TPR == 0 : TPR % 32 == 0, "bad tiling");
@@ -156,7 +158,7 @@ __device__ __forceinline__ void bwd_reg_rows(
   P rx[SETS][ITEMS], rg[SETS][ITEMS];
   A mu_s[SETS], r_s[SETS];
   auto fetch = [&](const i64 r) {
-    mu_s[0] = mean[r];
+    mu_s[0] = RMS ? A(0) : mean[r];
     r_s[0] = rstd[r];
     row_packs<ITEMS, TPR, VEC>(x + r * x_stride + lo, dy + r * dy_stride + lo, lane, n,
                                [&](const int i, const T* xp, const T* gp) {
@@ -209,7 +211,7 @@ __device__ __forceinline__ void bwd_reg_rows(
   A mu_next = 0, r_next = 0;
   auto prefetch = [&](const i64 r) {
     if (r < M) {
-      mu_next = mean[r];
+      mu_next = RMS ? A(0) : mean[r];
       r_next = rstd[r];
       row_packs<ITEMS, TPR, VEC>(x + r * x_stride + lo, dy + r * dy_stride + lo, lane, n,
                                  [&](const int i, const T* xp, const T* gp) {
@@ -292,7 +294,7 @@ __device__ __forceinline__ void bwd_reg_rows(
         for (int k = 0; k < VEC; ++k) {
           if constexpr (!SHARED_SUMS) {
             dw_acc[i][k] += d[k] * xh[k];
-            db_acc[i][k] += d[k];
+            if constexpr (!RMS) db_acc[i][k] += d[k];
           }
           s1 += xh[k] * g[k];
           s2 += g[k];
@@ -303,8 +305,10 @@ __device__ __forceinline__ void bwd_reg_rows(
     if constexpr (FUSED) s1 -= fma(mu_s[s], r_s[s], -hi(s)) * s2;  // lo * sum(g)
   };
   // pass 2: dx of the row `row` of set s from the row's mean_N(g * xhat), mean_N(g) (c1, c2)
-  auto pass2 = [&](const int s, const i64 row, const A c1, const A c2) {
+  auto pass2 = [&](const int s, const i64 row, const A c1, const A c2_row) {
+    const A c2 = RMS ? A(0) : c2_row;
     T* __restrict__ dxr = dx + row * N + lo;
+    const T* __restrict__ dhr = dh != nullptr ? dh + row * dh_stride + lo : nullptr;
     const A r = r_s[s];
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
@@ -330,10 +334,10 @@ __device__ __forceinline__ void bwd_reg_rows(
             for (int k = 0; k < CHUNK; ++k) {
               const int e = c * CHUNK + k;
               sw.v[k] += d[e] * xh[e];
-              sb.v[k] += d[e];
+              if constexpr (!RMS) sb.v[k] += d[e];
             }
             dw_sums(i, c) = sw;
-            db_sums(i, c) = sb;
+            if constexpr (!RMS) db_sums(i, c) = sb;
           }
           times_w(i, col, d, g);
         }
@@ -345,6 +349,7 @@ __device__ __forceinline__ void bwd_reg_rows(
             o[k] = (g[k] - (xh[k] * c1 + c2)) * r;
           }
         }
+        add_grad<T, A, VEC>(dhr != nullptr ? dhr + col : nullptr, o);
         store_pack<T, A, VEC, (C > 1)>(dxr + col, o);
       }
     }
@@ -399,7 +404,7 @@ __device__ __forceinline__ void bwd_reg_rows(
   // ---- this block's dw/db partial row (its slice of the cluster's)
   const i64 slot = static_cast<i64>(q) * N + lo;
   A* __restrict__ dw_out = dw_part != nullptr ? dw_part + slot : nullptr;
-  A* __restrict__ db_out = db_part + slot;
+  A* __restrict__ db_out = RMS ? nullptr : db_part + slot;
   if constexpr (SHARED_SUMS) {
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
@@ -410,7 +415,9 @@ __device__ __forceinline__ void bwd_reg_rows(
           if (dw_out != nullptr) {
             store_pack<A, A, CHUNK, (C > 1)>(dw_out + col + c * CHUNK, dw_sums(i, c).v);
           }
-          store_pack<A, A, CHUNK, (C > 1)>(db_out + col + c * CHUNK, db_sums(i, c).v);
+          if constexpr (!RMS) {
+            store_pack<A, A, CHUNK, (C > 1)>(db_out + col + c * CHUNK, db_sums(i, c).v);
+          }
         }
       }
     }
@@ -420,7 +427,7 @@ __device__ __forceinline__ void bwd_reg_rows(
       const int col = (i * TPR + lane) * VEC;
       if (col < n) {
         if (dw_out != nullptr) store_pack<A, A, VEC>(dw_out + col, dw_acc[i]);
-        store_pack<A, A, VEC>(db_out + col, db_acc[i]);
+        if constexpr (!RMS) store_pack<A, A, VEC>(db_out + col, db_acc[i]);
       }
     }
   } else {
@@ -429,8 +436,8 @@ __device__ __forceinline__ void bwd_reg_rows(
     const int ncols = N < SLOTS ? N : SLOTS;
 #pragma unroll
     for (int pass = 0; pass < 2; ++pass) {
-      A* out = pass == 0 ? dw_out : db_out;
-      if (out == nullptr) continue;  // uniform: dw not wanted
+      A* out = pass == 0 ? dw_out : RMS ? nullptr : db_out;
+      if (out == nullptr) continue;  // uniform: dw not wanted, or no db
 #pragma unroll
       for (int i = 0; i < ITEMS; ++i) {
 #pragma unroll
@@ -450,24 +457,26 @@ __device__ __forceinline__ void bwd_reg_rows(
 }
 
 template <typename T, typename TW, int VEC, int ITEMS, int TPR, int BLOCK, bool AHEAD,
-          bool SHARED_SUMS, bool STAGE_W>
+          bool SHARED_SUMS, bool STAGE_W, bool RMS>
 __global__ void __launch_bounds__(
     BLOCK, BwdRegBlocks<T, ITEMS, VEC, TPR, BLOCK, SHARED_SUMS, STAGE_W>::value)
     ln_bwd_reg(CUPYLN_BWD_PARAMS) {
   release_dependents();  // ln_partial_reduce, launched after it, waits for the whole grid
-  bwd_reg_rows<T, TW, VEC, ITEMS, TPR, BLOCK, AHEAD, SHARED_SUMS, 1, STAGE_W>(
-      dy, dy_stride, x, x_stride, w, mean, rstd, dx, dw_part, db_part, M, N, inv_n, nullptr);
+  bwd_reg_rows<T, TW, VEC, ITEMS, TPR, BLOCK, AHEAD, SHARED_SUMS, 1, STAGE_W, RMS>(
+      dy, dy_stride, x, x_stride, w, mean, rstd, dx, dw_part, db_part, M, N, inv_n, nullptr, dh,
+      dh_stride);
 }
 
-template <typename T, typename TW, int VEC, int ITEMS, int BLOCK, int C, bool STAGE_W>
+template <typename T, typename TW, int VEC, int ITEMS, int BLOCK, int C, bool STAGE_W, bool RMS>
 __global__ void CUPYLN_CLUSTER(C) __launch_bounds__(BLOCK, LagBlocks<BLOCK>::value)
     ln_bwd_reg_cluster(CUPYLN_BWD_PARAMS) {
   typedef typename AccOf<T>::type A;
   __shared__ A xch[4 * C * 2];  // four slots of two sums a block
   release_dependents();
   // 1 / N computed here, not the parameter: taking it changed ptxas's allocation for the worse
-  bwd_reg_rows<T, TW, VEC, ITEMS, BLOCK, BLOCK, true, true, C, STAGE_W>(
-      dy, dy_stride, x, x_stride, w, mean, rstd, dx, dw_part, db_part, M, N, A(1) / A(N), xch);
+  bwd_reg_rows<T, TW, VEC, ITEMS, BLOCK, BLOCK, true, true, C, STAGE_W, RMS>(
+      dy, dy_stride, x, x_stride, w, mean, rstd, dx, dw_part, db_part, M, N, A(1) / A(N), xch,
+      dh, dh_stride);
 }
 
 }  // namespace cupyln

@@ -1,7 +1,7 @@
 // cupyln/kernels/layer_norm_bwd_staged.cu -- LayerNorm backward, the staged tiers: rows past
 // the register tiers.
 //
-// Parameters, inputs, outputs, formulas and determinism: as every backward kernel
+// Parameters, inputs, outputs, formulas (RMS, dh) and determinism: as every backward kernel
 // (layer_norm_bwd.cu's header, CUPYLN_BWD_PARAMS in args.cuh). ln_bwd_ring: x and dy staged in
 // a shared-memory ring, the dw/db sums in registers; ln_bwd_cluster (sm_90): rows whose sums
 // outgrow one block's registers, a column slice a block of a thread-block cluster; ln_bwd_row:
@@ -30,13 +30,14 @@ namespace cupyln {
 //   follows pass 1 of the next one, and the ring holds two rows' slices at once.
 // Limits: ceil(N / VEC / C) <= BLOCK * ITEMS; the ring holds the x and dy slices of 1 + LAG
 //   rows.
-template <typename T, typename TW, int VEC, int ITEMS, int BLOCK, int C, int LAG>
+template <typename T, typename TW, int VEC, int ITEMS, int BLOCK, int C, int LAG, bool RMS>
 __device__ __forceinline__ void bwd_ring_rows(
     const T* __restrict__ dy, const i64 dy_stride, const T* __restrict__ x, const i64 x_stride,
     const TW* __restrict__ w, const typename AccOf<T>::type* __restrict__ mean,
     const typename AccOf<T>::type* __restrict__ rstd, T* __restrict__ dx,
     typename AccOf<T>::type* __restrict__ dw_part, typename AccOf<T>::type* __restrict__ db_part,
-    const i64 M, const int N, const typename AccOf<T>::type inv_n) {
+    const i64 M, const int N, const typename AccOf<T>::type inv_n, const T* __restrict__ dh,
+    const i64 dh_stride) {
   typedef typename AccOf<T>::type A;
   typedef Pack<T, VEC> P;
   static_assert(BLOCK % 32 == 0 && BLOCK <= 1024 && C <= 32, "bad block");
@@ -89,7 +90,7 @@ __device__ __forceinline__ void bwd_ring_rows(
           const A xhat = (widen_at<A>(px, k) - mu) * rs;
           const A gk = widen_at<A>(pg, k);
           dw_acc[i][k] += gk * xhat;
-          db_acc[i][k] += gk;
+          if constexpr (!RMS) db_acc[i][k] += gk;
           const A g = ws != nullptr ? gk * p[k] : gk;
           s1 += xhat * g;
           s2 += g;
@@ -104,7 +105,8 @@ __device__ __forceinline__ void bwd_ring_rows(
   // dx = rs * (g - c2 - xhat * c1) = rs * g + (x - mu) * k1 + k0, k1 = -rs^2 c1, k0 = -rs c2
   auto pass2 = [&](const i64 row, const A mu, const A rs, const A c1, const A c2) {
     T* __restrict__ dxr = dx + row * N + lo * VEC;
-    const A k1 = -rs * rs * c1, k0 = -rs * c2;
+    const T* __restrict__ dhr = dh != nullptr ? dh + row * dh_stride + lo * VEC : nullptr;
+    const A k1 = -rs * rs * c1, k0 = RMS ? A(0) : -rs * c2;
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
       const int v = t + i * BLOCK;
@@ -119,6 +121,7 @@ __device__ __forceinline__ void bwd_ring_rows(
           const A g = ws != nullptr ? gk * p[k] : gk;
           o[k] = rs * g + ((widen_at<A>(px, k) - mu) * k1 + k0);
         }
+        add_grad<T, A, VEC>(dhr != nullptr ? dhr + v * VEC : nullptr, o);
         store_pack<T, A, VEC>(dxr + v * VEC, o);
       }
     }
@@ -129,7 +132,7 @@ __device__ __forceinline__ void bwd_ring_rows(
   i64 next = row_begin;  // the next row to stage
   A mu_held = 0, rs_held = 0;  // statistics of the row whose pass 2 is pending (LAG == 1)
   // each row's statistics are loaded a row ahead, so their latency is not waited for
-  A mu_next = row_begin < row_end ? mean[row_begin] : A(0);
+  A mu_next = row_begin < row_end && !RMS ? mean[row_begin] : A(0);
   A rs_next = row_begin < row_end ? rstd[row_begin] : A(0);
   for (i64 row = row_begin; row < row_end + LAG; ++row) {
     A s1 = 0, s2 = 0, mu = 0, rs = 0;
@@ -137,7 +140,7 @@ __device__ __forceinline__ void bwd_ring_rows(
       mu = mu_next;
       rs = rs_next;
       if (row + 1 < row_end) {
-        mu_next = mean[row + 1];
+        mu_next = RMS ? A(0) : mean[row + 1];
         rs_next = rstd[row + 1];
       }
       // stage rows ahead (x, then dy: two copy groups each) as far as the ring holds them
@@ -172,34 +175,36 @@ __device__ __forceinline__ void bwd_ring_rows(
     const int v = t + i * BLOCK;
     if (v < nv) {
       if (dw_part != nullptr) store_pack<A, A, VEC>(dw_part + slot + v * VEC, dw_acc[i]);
-      store_pack<A, A, VEC>(db_part + slot + v * VEC, db_acc[i]);
+      if constexpr (!RMS) store_pack<A, A, VEC>(db_part + slot + v * VEC, db_acc[i]);
     }
   }
 }
 
-template <typename T, typename TW, int VEC, int ITEMS, int BLOCK>
+template <typename T, typename TW, int VEC, int ITEMS, int BLOCK, bool RMS>
 __global__ void __launch_bounds__(BLOCK, 1)
     ln_bwd_ring(CUPYLN_BWD_PARAMS) {
   release_dependents();
-  bwd_ring_rows<T, TW, VEC, ITEMS, BLOCK, 1, 0>(dy, dy_stride, x, x_stride, w, mean, rstd,
-                                                dx, dw_part, db_part, M, N, inv_n);
+  bwd_ring_rows<T, TW, VEC, ITEMS, BLOCK, 1, 0, RMS>(dy, dy_stride, x, x_stride, w, mean, rstd,
+                                                     dx, dw_part, db_part, M, N, inv_n, dh,
+                                                     dh_stride);
 }
 
-template <typename T, typename TW, int VEC, int ITEMS, int BLOCK, int C, int LAG>
+template <typename T, typename TW, int VEC, int ITEMS, int BLOCK, int C, int LAG, bool RMS>
 __global__ void CUPYLN_CLUSTER(C) __launch_bounds__(BLOCK, 1)
     ln_bwd_cluster(CUPYLN_BWD_PARAMS) {
   release_dependents();
-  bwd_ring_rows<T, TW, VEC, ITEMS, BLOCK, C, LAG>(dy, dy_stride, x, x_stride, w, mean, rstd,
-                                                  dx, dw_part, db_part, M, N, inv_n);
+  bwd_ring_rows<T, TW, VEC, ITEMS, BLOCK, C, LAG, RMS>(dy, dy_stride, x, x_stride, w, mean,
+                                                       rstd, dx, dw_part, db_part, M, N, inv_n,
+                                                       dh, dh_stride);
 }
 
 // Tier "row": dx for rows too wide for registers, one block per row.
 //   Pass 1 reads x and dy, UNROLL vectors of each per thread before using them (copying them to
 //   shared memory with STAGE: 2 * N elements of T), and forms the two row sums; pass 2
 //   recomputes xhat and g from shared memory (or from global memory without STAGE) and writes dx.
-//   dw/db come from ln_bwd_dwdb_cols.
+//   dw/db come from ln_bwd_dwdb_cols. RMS: RMSNorm (layer_norm_bwd.cu's header).
 // Limits: any N < 2^31 - UNROLL * BLOCK * VEC.
-template <typename T, typename TW, int VEC, int BLOCK, bool STAGE>
+template <typename T, typename TW, int VEC, int BLOCK, bool STAGE, bool RMS>
 __global__ void __launch_bounds__(BLOCK, 1)
     ln_bwd_row(CUPYLN_BWD_PARAMS) {
   typedef typename AccOf<T>::type A;
@@ -215,7 +220,7 @@ __global__ void __launch_bounds__(BLOCK, 1)
   for (i64 row = blockIdx.x; row < M; row += gridDim.x) {
     const T* __restrict__ xr = x + row * x_stride;
     const T* __restrict__ gr = dy + row * dy_stride;
-    const A mu = mean[row];
+    const A mu = RMS ? A(0) : mean[row];
     const A r = rstd[row];
 
     A s1 = 0, s2 = 0;
@@ -251,11 +256,12 @@ __global__ void __launch_bounds__(BLOCK, 1)
       }
     }
     group_sum2<BLOCK>(s1, s2, red);
-    const A c1 = s1 * inv_cols, c2 = s2 * inv_cols;
+    const A c1 = s1 * inv_cols, c2 = RMS ? A(0) : s2 * inv_cols;
 
     const T* __restrict__ src_x = STAGE ? stage_x : xr;
     const T* __restrict__ src_g = STAGE ? stage_g : gr;
     T* __restrict__ dxr = dx + row * N;
+    const T* __restrict__ dhr = dh != nullptr ? dh + row * dh_stride : nullptr;
     for (int base = threadIdx.x * VEC; base < N; base += UNROLL * STEP) {
       A xv[UNROLL][VEC], gv[UNROLL][VEC];
 #pragma unroll
@@ -278,6 +284,7 @@ __global__ void __launch_bounds__(BLOCK, 1)
             const A g = w != nullptr ? gv[u][k] * p[k] : gv[u][k];
             xv[u][k] = (g - (xhat * c1 + c2)) * r;
           }
+          add_grad<T, A, VEC>(dhr != nullptr ? dhr + col : nullptr, xv[u]);
           store_pack<T, A, VEC>(dxr + col, xv[u]);
         }
       }

@@ -3,7 +3,7 @@
 //
 // ln_bwd_dwdb_cols takes CUPYLN_BWD_PARAMS (args.cuh) and reads dy, x, mean, rstd and
 // rows_per_slice; it writes one partial row of dw/db per slice of rows (also used by the jagged
-// backward, with each row's sequence statistics). ln_partial_reduce sums G partial rows of A in
+// backward, with each row's sequence statistics); RMS: mean 0, and db_part may be nullptr. ln_partial_reduce sums G partial rows of A in
 // a fixed order into dw and db: the same inputs give bitwise-identical results, no atomics.
 #include "args.cuh"
 #include "common.cuh"
@@ -14,7 +14,7 @@ namespace cupyln {
 //   Block (32, 8): threadIdx.x picks a column of the tile, threadIdx.y strides over the rows of
 //   slice blockIdx.y (rows [blockIdx.y * rows_per_slice, +rows_per_slice)). The 8 partial sums
 //   are added in y order and the block writes row blockIdx.y of dw_part / db_part.
-template <typename T, typename TW = T>
+template <typename T, bool RMS, typename TW = T>
 __global__ void __launch_bounds__(256, 1)
     ln_bwd_dwdb_cols(CUPYLN_BWD_PARAMS) {
   typedef typename AccOf<T>::type A;
@@ -27,7 +27,8 @@ __global__ void __launch_bounds__(256, 1)
 #pragma unroll 4
     for (i64 row = r0 + threadIdx.y; row < r1; row += 8) {
       const A g = static_cast<A>(widen(dy[row * dy_stride + col]));
-      const A xhat = (static_cast<A>(widen(x[row * x_stride + col])) - mean[row]) * rstd[row];
+      const A mu = RMS ? A(0) : mean[row];
+      const A xhat = (static_cast<A>(widen(x[row * x_stride + col])) - mu) * rstd[row];
       dwa += g * xhat;
       dba += g;
     }
@@ -36,7 +37,7 @@ __global__ void __launch_bounds__(256, 1)
   if (threadIdx.y == 0 && col < N) {
     const i64 o = static_cast<i64>(blockIdx.y) * N + col;
     if (dw_part != nullptr) dw_part[o] = dwa;
-    db_part[o] = dba;
+    if (db_part != nullptr) db_part[o] = dba;
   }
 }
 
@@ -69,7 +70,7 @@ __global__ void __launch_bounds__(32 * Y, 1)
         for (int u = 0; u < U; ++u) {
           const i64 o = static_cast<i64>(g + u * P) * N + col;
           pw[u] = dw_part != nullptr ? dw_part[o] : A(0);
-          pb[u] = db_part[o];
+          pb[u] = db_part != nullptr ? db_part[o] : A(0);
         }
 #pragma unroll
         for (int u = 0; u < U; ++u) {
@@ -80,7 +81,7 @@ __global__ void __launch_bounds__(32 * Y, 1)
       for (; g < G; g += P) {
         const i64 o = static_cast<i64>(g) * N + col;
         if (dw_part != nullptr) dwa += dw_part[o];
-        dba += db_part[o];
+        if (db_part != nullptr) dba += db_part[o];
       }
     }
     sum_over_y<Y>(dwa, dba);
@@ -93,7 +94,7 @@ __global__ void __launch_bounds__(32 * Y, 1)
       }
       if (threadIdx.x < C && col < N) {
         if (dw != nullptr) dw[col] = narrow<TW>(tw);
-        db[col] = narrow<TB>(tb);
+        if (db != nullptr) db[col] = narrow<TB>(tb);
       }
     }
   }

@@ -105,14 +105,19 @@ __device__ __forceinline__ void center(Pack<A, VEC> (&dst)[ITEMS], const S (&src
 //   registers (they cost more occupancy than the overlap gains) and with cp.async into shared
 //   memory.
 //   MINB: blocks per SM asked of ptxas (launch bounds), so registers do not cap occupancy.
+//   RMS: RMSNorm (args.cuh). TR, TH: with a residual (TR not void), the thread loads its packs
+//   of x and res, stores h = x + res (added in A, rounded to TH) and holds h's packs, which the
+//   passes read as they read x's: one read of x and res, one write of h and y.
 // Limits: N <= TPR * ITEMS * VEC, and WHOLE * TPR * VEC <= N; registers grow with ITEMS * VEC
 // (the plans keep it <= 64 values as loaded, 16 for double; centered, <= 128 bytes of A).
 template <typename T, typename TW, typename TB, int VEC, int ITEMS, int TPR, int BLOCK, int MINB,
-          bool CENTER, int WHOLE>
+          bool CENTER, int WHOLE, bool RMS, typename TR, typename TH>
 __global__ void __launch_bounds__(BLOCK, MINB)
     ln_fwd_reg(CUPYLN_FWD_PARAMS) {
   typedef typename AccOf<T>::type A;
-  typedef Pack<T, VEC> P;
+  typedef typename Normalized<T, TR, TH>::type TI;  // what the row holds: x, or h
+  typedef Pack<TI, VEC> P;
+  constexpr bool RES = !IsVoid<TR>::value;
   static_assert(TPR <= 32 ? (32 % TPR == 0 && BLOCK % 32 == 0) : TPR == BLOCK, "bad tiling");
   static_assert(BLOCK % 32 == 0 && BLOCK <= 1024, "bad block");
   constexpr int ROWS = BLOCK / TPR;
@@ -127,15 +132,37 @@ __global__ void __launch_bounds__(BLOCK, MINB)
 
   for (i64 row = static_cast<i64>(blockIdx.x) * ROWS + threadIdx.x / TPR; row < M; row += step) {
     const T* __restrict__ xr = x + row * x_stride;
-    const T first = xr[0];  // the shift
-    P raw[ITEMS];           // the row's elements as loaded
+    TI first;     // the shift
+    P raw[ITEMS];  // the row's elements as loaded (or as added)
+    if constexpr (RES) {
+      typedef typename choose_type<RES, TR, T>::type R;
+      const R* __restrict__ rr = static_cast<const R*>(res) + row * res_stride;
+      TI* __restrict__ hr = static_cast<TI*>(h) + row * N;
+      first = narrow<TI>(static_cast<A>(widen(xr[0])) + static_cast<A>(widen(rr[0])));
+      Pack<T, VEC> px[ITEMS];
+      Pack<R, VEC> pr[ITEMS];
 #pragma unroll
-    for (int i = 0; i < ITEMS; ++i) {
-      if (held(i)) raw[i] = *reinterpret_cast<const P*>(xr + (i * TPR + lane) * VEC);
+      for (int i = 0; i < ITEMS; ++i) {
+        const int col = (i * TPR + lane) * VEC;
+        if (held(i)) {
+          px[i] = *reinterpret_cast<const Pack<T, VEC>*>(xr + col);
+          pr[i] = *reinterpret_cast<const Pack<R, VEC>*>(rr + col);
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < ITEMS; ++i) {
+        if (held(i)) raw[i] = add_residual<A>(px[i], pr[i], hr + (i * TPR + lane) * VEC);
+      }
+    } else {
+      first = xr[0];
+#pragma unroll
+      for (int i = 0; i < ITEMS; ++i) {
+        if (held(i)) raw[i] = *reinterpret_cast<const P*>(xr + (i * TPR + lane) * VEC);
+      }
     }
     // what the passes read: raw, or (CENTER) x - shift in A, then less the mean too (in raw
     // itself where T is A)
-    constexpr bool COPY = CENTER && sizeof(T) != sizeof(A);
+    constexpr bool COPY = CENTER && sizeof(TI) != sizeof(A);
     Pack<A, VEC> centered[COPY ? ITEMS : 1];
     auto& held_x = choose<COPY>(centered, raw);
     const A shift = static_cast<A>(widen(first));
@@ -153,10 +180,14 @@ __global__ void __launch_bounds__(BLOCK, MINB)
       d = 0;
     }
     const A ss = held_squares(held_x, k, d, held);
-    const A r = rsqrt_acc(group_sum<TPR, false>(ss, red[1]) * inv_n + eps);
-    if (lane == 0 && mean != nullptr) {
-      mean[row] = shift + mu;
+    const A r = rstd_of<RMS>(group_sum<TPR, false>(ss, red[1]) * inv_n, shift + mu, eps);
+    if (lane == 0 && rstd != nullptr) {
+      if (mean != nullptr) mean[row] = shift + mu;
       rstd[row] = r;
+    }
+    if constexpr (RMS) {  // y = x * rstd * w: the held values less -(shift + mu), or as loaded
+      d = CENTER ? -(shift + mu) : A(0);
+      k = 0;
     }
 
     T* __restrict__ yr = y + row * N;
@@ -191,12 +222,12 @@ __global__ void __launch_bounds__(BLOCK, MINB)
 //   row's statistics before this row's y instead (an exchange outstanding) lost: its loads then
 //   hold up this row's stores. The plans take LAG for float32 rows in blocks of FWD_LAG_BLOCK
 //   threads or more. Two rows a thread at a time, w and b read once for both at half the
-//   vectors a row, measured slower.
+//   vectors a row, measured slower. RMS: RMSNorm (args.cuh).
 // Limits: ceil(P / C) <= ITEMS * BLOCK, and P >= C (every block gets packs). STAGE_WB: dynamic
 // shared memory of ITEMS * BLOCK * VEC * (sizeof(TW) + sizeof(TB)) bytes. LAG: 2 * ITEMS * VEC
 // registers of data a thread.
 template <typename T, typename TW, typename TB, int VEC, int ITEMS, int BLOCK, int C, int MINB,
-          bool STAGE_WB = false, bool LAG = false>
+          bool STAGE_WB, bool LAG, bool RMS>
 __global__ void CUPYLN_CLUSTER(C) __launch_bounds__(BLOCK, MINB)
     ln_fwd_reg_cluster(CUPYLN_FWD_PARAMS) {
   typedef typename AccOf<T>::type A;
@@ -212,7 +243,7 @@ __global__ void CUPYLN_CLUSTER(C) __launch_bounds__(BLOCK, MINB)
   const unsigned rank = cluster_rank();
   const ColumnSlices<C, VEC> slices{N / VEC};
   const int lo = slices.start(rank), nv = slices.start(rank + 1) - lo;  // this block's slice
-  const bool stats = mean != nullptr && rank == 0 && t == 0;
+  const bool stats = rstd != nullptr && rank == 0 && t == 0;
   // where the rows read w and b: wr and br, the slice's first element at column base
   const TW* __restrict__ wr = w;
   const TB* __restrict__ br = b;
@@ -258,8 +289,8 @@ __global__ void CUPYLN_CLUSTER(C) __launch_bounds__(BLOCK, MINB)
   // the cluster's statistics of set s's row, then its y
   auto finish = [&](const int s, const i64 row) {
     A off, rs;  // the row's mean minus this slice's shift, and its rstd
-    merge_slices(exchange.receive(), slices, N, eps, shift[s], off, rs,
-                 stats ? mean + row : nullptr, rstd + row);
+    merge_slices<RMS>(exchange.receive(), slices, N, eps, shift[s], off, rs,
+                      stats && mean != nullptr ? mean + row : nullptr, stats ? rstd + row : nullptr);
     T* __restrict__ ys = y + row * N + static_cast<i64>(lo) * VEC;
     if constexpr (STAGE_WB) wait_copies<0>(0);  // (copies pending only at the first row)
 #pragma unroll

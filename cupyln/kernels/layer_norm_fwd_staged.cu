@@ -43,8 +43,9 @@ __global__ void __launch_bounds__(BLOCK, RingBlocks<T, BLOCK>::value)
 //   there, so HBM sees one read of x; each thread reads back only what it wrote, so the staging
 //   needs no barrier. Without STAGE (rows past the shared-memory limit) the later passes read x
 //   again from global memory: a slower path, never a wrong one.
+//   RMS: RMSNorm (args.cuh).
 // Limits: any N < 2^31 - UNROLL * BLOCK * VEC.
-template <typename T, typename TW, typename TB, int VEC, int BLOCK, bool STAGE>
+template <typename T, typename TW, typename TB, int VEC, int BLOCK, bool STAGE, bool RMS>
 __global__ void __launch_bounds__(BLOCK, 1)
     ln_fwd_row(CUPYLN_FWD_PARAMS) {
   typedef typename AccOf<T>::type A;
@@ -78,16 +79,17 @@ __global__ void __launch_bounds__(BLOCK, 1)
         ss += d * d;
       }
     });
-    const A r = rsqrt_acc(group_sum<BLOCK, false>(ss, red[1]) * inv_n + eps);
-    if (threadIdx.x == 0 && mean != nullptr) {
-      mean[row] = shift + mu;
+    const A r = rstd_of<RMS>(group_sum<BLOCK, false>(ss, red[1]) * inv_n, shift + mu, eps);
+    if (threadIdx.x == 0 && rstd != nullptr) {
+      if (mean != nullptr) mean[row] = shift + mu;
       rstd[row] = r;
     }
 
     T* __restrict__ yr = y + row * N;
+    const A k = RMS ? A(0) : shift, m = RMS ? A(0) : mu;  // y of x - k - m
     walk_vectors<T, VEC, BLOCK, UNROLL>(src, nv, threadIdx.x, [&](const i64 v, const P& pk) {
       const int col = static_cast<int>(v) * VEC;
-      normalize_store<T, TW, TB, A, VEC>(pk, shift, mu, r, w, b, col, yr + col);
+      normalize_store<T, TW, TB, A, VEC>(pk, k, m, r, w, b, col, yr + col);
     });
   }
 }
@@ -102,9 +104,9 @@ __global__ void __launch_bounds__(BLOCK, 1)
 //   exchange (k_p, d_p, m2_p) through distributed shared memory (cluster.cuh) and each merges
 //   them in rank order (Chan et al.'s pairwise update, offsets taken against block 0's shift),
 //   so every block gets bitwise the same mean and rstd without E[x^2] - E[x]^2. Then each
-//   writes y for its slice; block 0 writes mean and rstd.
+//   writes y for its slice; block 0 writes mean and rstd. RMS: RMSNorm (args.cuh).
 // Limits: one row's slice fits the ring (the host sizes the ring to a third of the SM).
-template <typename T, typename TW, typename TB, int VEC, int BLOCK, int C>
+template <typename T, typename TW, typename TB, int VEC, int BLOCK, int C, bool RMS>
 __global__ void CUPYLN_CLUSTER(C) __launch_bounds__(BLOCK, 1)
     ln_fwd_cluster(CUPYLN_FWD_PARAMS) {
   typedef typename AccOf<T>::type A;
@@ -124,7 +126,7 @@ __global__ void CUPYLN_CLUSTER(C) __launch_bounds__(BLOCK, 1)
   const A inv_nv = A(1) / A(nv * VEC);
   const i64 row_begin = static_cast<i64>(q) * M / nq;
   const i64 row_end = static_cast<i64>(q + 1) * M / nq;
-  const bool stats = mean != nullptr && rank == 0 && t == 0;
+  const bool stats = rstd != nullptr && rank == 0 && t == 0;
   exchange.start();
 
   i64 next = row_begin;  // the next row to stage
@@ -155,8 +157,8 @@ __global__ void CUPYLN_CLUSTER(C) __launch_bounds__(BLOCK, 1)
     exchange.send({k, d, group_sum<BLOCK, false>(ss, red[1])});
 
     A off, rs;  // the row's mean minus this slice's shift, and its rstd
-    merge_slices(exchange.receive(), slices, N, eps, k, off, rs, stats ? mean + row : nullptr,
-                 rstd + row);
+    merge_slices<RMS>(exchange.receive(), slices, N, eps, k, off, rs,
+                      stats && mean != nullptr ? mean + row : nullptr, stats ? rstd + row : nullptr);
     T* __restrict__ yr = y + row * N + lo * VEC;
     for (int v = t, i = r.wrap(r.head + t); v < nv; v += BLOCK, i = r.wrap(i + BLOCK)) {
       normalize_store<T, TW, TB, A, VEC>(r.slot[i], k, off, rs, w, b, (lo + v) * VEC,
@@ -164,6 +166,32 @@ __global__ void CUPYLN_CLUSTER(C) __launch_bounds__(BLOCK, 1)
     }
     r.release(nv);
     __syncthreads();  // every thread is done with the row's slots before they are reused
+  }
+}
+
+// The residual add on its own, for the tiers that do not fuse it (cupyln/_plans/forward.py
+// says which): h = x + res (TR not void) or h = x (a cast), added in A and rounded to TH, for
+// rows of N at x_stride and res_stride into h [M, N] contiguous; the other parameters are not
+// read. A grid-stride walk over the M * N / VEC packs, 256 threads a block.
+template <typename T, typename TR, typename TH, int VEC, typename TW = T, typename TB = T>
+__global__ void __launch_bounds__(256)
+    ln_fwd_add(CUPYLN_FWD_PARAMS) {
+  typedef typename AccOf<T>::type A;
+  typedef typename choose_type<IsVoid<TR>::value, T, TR>::type R;
+  const i64 nv = N / VEC, total = M * nv;
+  for (i64 i = static_cast<i64>(blockIdx.x) * 256 + threadIdx.x; i < total;
+       i += static_cast<i64>(gridDim.x) * 256) {
+    const i64 row = i / nv, col = (i - row * nv) * VEC;
+    const Pack<T, VEC> px = *reinterpret_cast<const Pack<T, VEC>*>(x + row * x_stride + col);
+    Pack<R, VEC> pr;
+    if constexpr (IsVoid<TR>::value) {
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) pr.v[e] = narrow<R>(A(0));
+    } else {
+      pr = *reinterpret_cast<const Pack<R, VEC>*>(static_cast<const R*>(res) + row * res_stride +
+                                                  col);
+    }
+    add_residual<A>(px, pr, static_cast<TH*>(h) + row * N + col);
   }
 }
 

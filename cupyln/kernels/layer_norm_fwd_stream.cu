@@ -9,6 +9,23 @@
 
 namespace cupyln {
 
+// One 16-byte pack at p that this thread stored earlier in the kernel, through the coherent path
+// (ld.global: the non-coherent one may not see the kernel's own stores), past L1, under an
+// l2_policy.
+template <typename P>
+__device__ __forceinline__ P load_own(const P* p, const unsigned long long policy) {
+  static_assert(sizeof(P) == 16, "16-byte packs");
+  unsigned w[4];
+  asm volatile("{ .reg .u64 g; cvta.to.global.u64 g, %4;"
+               " ld.global.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [g], %5; }"
+               : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
+               : "l"(p), "l"(policy)
+               : "memory");
+  P out;
+  memcpy(&out, w, sizeof(out));
+  return out;
+}
+
 // Tier "stream" (sm_90, 16-bit rows of 512-20K elements in long launches, and in short ones
 // that the register rows would run in more than one wave; the plans say which): TPR threads
 // per row that read the row twice and hold none of it, a block per row (TPR == BLOCK) or, for
@@ -48,11 +65,14 @@ namespace cupyln {
 //   thread holds its first pack): a thread skips its packs past the row, and the row's threads
 //   merge their states weighted by their counts (rows of 64 threads; rows filling less, or of
 //   more threads, were slower).
+//   RMS: RMSNorm (args.cuh). RES: a residual of T (TR = TH = T): pass 1 loads the packs of x
+//   and res, stores h = x + res (rounded to T) and forms the statistics of h; pass 2 reads h
+//   back (its own stores, through the coherent path) in place of x.
 // Limits: 16-byte packs; N == NCH * TPR * VEC, or PARTIAL and (NCH - 1) * TPR < N / VEC <=
 // NCH * TPR; TPR == BLOCK, or TPR <= 32 dividing BLOCK; ceil(M / (BLOCK / TPR)) blocks, a row
 // a block or a group of rows, M < 2**31.
 template <typename T, typename TW, typename TB, int VEC, int TPR, int BLOCK, int NCH, int MINB,
-          bool PARTIAL, bool ROLL, bool COHERENT_WB, bool HAS_W, bool HAS_B>
+          bool PARTIAL, bool ROLL, bool COHERENT_WB, bool HAS_W, bool HAS_B, bool RMS, bool RES>
 __global__ void __launch_bounds__(BLOCK, MINB)
     ln_fwd_stream(CUPYLN_FWD_PARAMS) {
   typedef typename AccOf<T>::type A;
@@ -73,15 +93,24 @@ __global__ void __launch_bounds__(BLOCK, MINB)
   auto held = [&](const int j) { return !PARTIAL || j * TPR + t < packs; };
 
   const P* __restrict__ xr = reinterpret_cast<const P*>(x + row * x_stride);
-  const A k = static_cast<A>(widen(x[row * x_stride]));  // the shift
+  // RES: res's row, and h's, which pass 2 reads in place of x
+  const P* __restrict__ rr = RES ? static_cast<const P*>(res) + row * (res_stride / VEC) : xr;
+  P* const hr = RES ? static_cast<P*>(h) + row * (NR / VEC) : nullptr;
+  A k = static_cast<A>(widen(x[row * x_stride]));  // the shift
+  if constexpr (RES) k = widen(narrow<T>(k + static_cast<A>(widen(rr[0].v[0]))));
   const unsigned long long keep = l2_policy<true>();
-  P cur = load_hinted(xr + t, keep);
+  P cur = load_hinted(xr + t, keep), cur_r;
+  if constexpr (RES) cur_r = load_hinted(rr + t, keep);
   A mu = 0, m2 = 0;  // this thread's mean of x - k and its squared deviations
 #pragma unroll
   for (int j = 0; j < NCH; ++j) {
-    P next;
-    if (j + 1 < NCH && held(j + 1)) next = load_hinted(xr + (j + 1) * TPR + t, keep);
+    P next, next_r;
+    if (j + 1 < NCH && held(j + 1)) {
+      next = load_hinted(xr + (j + 1) * TPR + t, keep);
+      if constexpr (RES) next_r = load_hinted(rr + (j + 1) * TPR + t, keep);
+    }
     if (!held(j)) break;
+    if constexpr (RES) cur = add_residual<A>(cur, cur_r, hr[j * TPR + t].v);
     A s = 0;
 #pragma unroll
     for (int e = 0; e < VEC; ++e) s += widen_at<A>(cur, e) - k;
@@ -101,7 +130,10 @@ __global__ void __launch_bounds__(BLOCK, MINB)
       mu += delta * (A(1) / A(j + 1));
       m2 += q + delta * delta * (A(VEC * j) / A(j + 1));
     }
-    if (j + 1 < NCH) cur = next;
+    if (j + 1 < NCH) {
+      cur = next;
+      if constexpr (RES) cur_r = next_r;
+    }
   }
   A mr, ss;  // the row's mean of x - k and its squared deviations
   if constexpr (PARTIAL) {  // the threads' counts differ: weighted by them
@@ -114,20 +146,22 @@ __global__ void __launch_bounds__(BLOCK, MINB)
     const A dm = mu - mr;
     ss = group_sum<TPR, false>(m2 + A(NCH * VEC) * dm * dm, red[1]);
   }
-  const A r = rsqrt_acc(ss * (A(1) / A(NR)) + eps);
-  const A off = k + mr;
-  if (t == 0 && mean != nullptr) {
-    mean[row] = off;
+  const A r = rstd_of<RMS>(ss * (A(1) / A(NR)), k + mr, eps);
+  const A off = RMS ? A(0) : k + mr;  // y of x - off
+  if (t == 0 && rstd != nullptr) {
+    if (mean != nullptr) mean[row] = k + mr;
     rstd[row] = r;
   }
 
   T* __restrict__ yr = y + row * NR;
   const unsigned long long drop = l2_policy<false>();
-  cur = load_hinted<false>(xr + t, drop);  // read for the last time: past L1
+  // x (or h) read for the last time: past L1
+  auto again = [&](const int p) { return RES ? load_own(hr + p, drop) : load_hinted<false>(xr + p, drop); };
+  cur = again(t);
 #pragma unroll(ROLL ? 1 : NCH)
   for (int j = 0; j < NCH; ++j) {
     P next;
-    if (j + 1 < NCH && held(j + 1)) next = load_hinted<false>(xr + (j + 1) * TPR + t, drop);
+    if (j + 1 < NCH && held(j + 1)) next = again((j + 1) * TPR + t);
     if (!held(j)) break;
     const int col = (j * TPR + t) * VEC;
     A o[VEC];
