@@ -2,6 +2,9 @@
 
     import cupyln.jax
     y = cupyln.jax.layer_norm(x, weight, bias, eps)   # over the last dimension
+    y = cupyln.jax.rms_norm(x, weight, eps)
+    y, h = cupyln.jax.add_rms_norm(x, residual, weight, eps)       # h = x + residual
+    y, h = cupyln.jax.add_layer_norm(x, residual, weight, bias, eps)
     jax.jit(jax.grad(loss))(...)                       # dx, dw, db from cupyln's backward
 
 Forward and backward are ``jax.experimental.buffer_callback`` calls (JAX >= 0.6.2) inside a
@@ -38,7 +41,7 @@ import numpy
 from . import _checks, _launcher, _runtime
 from ._dtypes import acc_dtype
 
-__all__ = ["layer_norm"]
+__all__ = ["layer_norm", "rms_norm", "add_rms_norm", "add_layer_norm"]
 
 
 # ------------------------------------------------------------------ inside the callbacks
@@ -211,3 +214,165 @@ def layer_norm(x: jax.Array, weight: jax.Array | None = None, bias: jax.Array | 
         return jnp.zeros_like(x)
     y = _layer_norm(x.reshape(m, n), weight, bias, eps)
     return y.reshape(x.shape)
+
+
+# ------------------------------------------------------------------ the norm family
+@lru_cache(maxsize=1024)
+def _family_forward_call(m, n, x_dtype, r_dtype, h_dtype, w_dtype, b_dtype, eps, rms):
+    """buffer_callback computing (y, mean, rstd, h) of RMSNorm (``rms``; mean empty) or
+    LayerNorm of M rows of N, of h = x + residual where r_dtype is not None (else h empty)."""
+    acc = acc_dtype(x_dtype)
+    shapes = (
+        jax.ShapeDtypeStruct((m, n), x_dtype),
+        jax.ShapeDtypeStruct((0 if rms else m,), acc),
+        jax.ShapeDtypeStruct((m,), acc),
+        jax.ShapeDtypeStruct((m, n) if r_dtype is not None else (0,), h_dtype or x_dtype),
+    )
+
+    def callback(ctx, out, x, *rest):
+        y, mean, rstd, h = out
+        rest = list(rest)
+        r = rest.pop(0) if r_dtype is not None else None
+        w = rest.pop(0) if w_dtype is not None else None
+        b = rest.pop(0) if b_dtype is not None else None
+        x_ptr = _ptr(x)
+        dev = _device_of(x_ptr)
+        keep: list = []
+        with _runtime.OnDevice(dev), _runtime.external_stream(dev, ctx.stream):
+            w_ptr = 0 if w is None else _aligned(_ptr(w), n * w_dtype.itemsize, keep)
+            b_ptr = 0 if b is None else _aligned(_ptr(b), n * b_dtype.itemsize, keep)
+            _launcher.launch_forward(
+                dev, m, n, x_ptr, n, x_dtype, _ptr(y), w_ptr, w_dtype or x_dtype, b_ptr,
+                b_dtype or x_dtype, 0 if rms else _ptr(mean), _ptr(rstd), eps, ctx.stream, rms,
+                0 if r is None else _ptr(r), n, r_dtype, 0 if r is None else _ptr(h), h_dtype,
+                _runtime.pool_workspace,
+            )  # fmt: skip
+
+    return buffer_callback(callback, shapes, vmap_method="sequential")
+
+
+@lru_cache(maxsize=1024)
+def _family_backward_call(m, n, h_dtype, w_dtype, db_dtype, rms, has_dh):
+    """buffer_callback computing (dx, dw, db) of the family's backward at the saved statistics,
+    dh added to dx where ``has_dh`` (db empty for RMSNorm)."""
+    wdt = w_dtype or h_dtype
+    shapes = (
+        jax.ShapeDtypeStruct((m, n), h_dtype),
+        jax.ShapeDtypeStruct((n,), wdt),
+        jax.ShapeDtypeStruct((0 if rms else n,), db_dtype),
+    )
+
+    def callback(ctx, out, dy, h, mean, rstd, *rest):
+        dx, dw, db = out
+        rest = list(rest)
+        dh = rest.pop(0) if has_dh else None
+        w = rest.pop(0) if w_dtype is not None else None
+        h_ptr = _ptr(h)
+        dev = _device_of(h_ptr)
+        keep: list = []
+        with _runtime.OnDevice(dev), _runtime.external_stream(dev, ctx.stream):
+            w_ptr = 0 if w is None else _aligned(_ptr(w), n * wdt.itemsize, keep)
+            _launcher.launch_backward(
+                dev, m, n, _ptr(dy), n, h_ptr, n, h_dtype, w_ptr, wdt,
+                0 if rms else _ptr(mean), _ptr(rstd), _ptr(dx), 0 if w is None else _ptr(dw),
+                0 if rms else _ptr(db), db_dtype, _runtime.pool_workspace, ctx.stream, rms,
+                0 if dh is None else _ptr(dh), n,
+            )  # fmt: skip
+            del keep
+
+    return buffer_callback(callback, shapes, vmap_method="sequential")
+
+
+def _family_forward(x2, r2, w, b, eps, rms, h_dtype):
+    m, n = x2.shape
+    call = _family_forward_call(
+        m, n, _dtype(x2), None if r2 is None else _dtype(r2), h_dtype,
+        None if w is None else _dtype(w), None if b is None else _dtype(b), eps, rms,
+    )  # fmt: skip
+    return call(x2, *(a for a in (r2, w, b) if a is not None))
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
+def _norm(x2, r2, w, b, eps, rms, h_dtype):
+    y, _, _, h = _family_forward(x2, r2, w, b, eps, rms, h_dtype)
+    return y, h
+
+
+def _norm_fwd(x2, r2, w, b, eps, rms, h_dtype):
+    y, mean, rstd, h = _family_forward(x2, r2, w, b, eps, rms, h_dtype)
+    kinds = tuple(None if a is None else jnp.zeros((0,), a.dtype) for a in (x2, r2, b))
+    return (y, h), (h if r2 is not None else x2, w, mean, rstd, kinds)
+
+
+def _norm_bwd(eps, rms, h_dtype, res, grads):
+    src, w, mean, rstd, (x_kind, r_kind, b_kind) = res
+    dy, dh = grads
+    m, n = src.shape
+    s_dtype = _dtype(src)
+    w_dtype = None if w is None else _dtype(w)
+    db_dtype = _dtype(b_kind) if b_kind is not None else (w_dtype or s_dtype)
+    has_dh = r_kind is not None
+    call = _family_backward_call(m, n, s_dtype, w_dtype, db_dtype, rms, has_dh)
+    extra = ((dh.astype(s_dtype),) if has_dh else ()) + (() if w is None else (w,))
+    dx, dw, db = call(dy.astype(s_dtype), src, mean, rstd, *extra)
+    return (
+        dx.astype(x_kind.dtype),
+        None if r_kind is None else dx.astype(r_kind.dtype),
+        None if w is None else dw,
+        None if b_kind is None else db,
+    )
+
+
+_norm.defvjp(_norm_fwd, _norm_bwd)
+
+
+def _family(x, residual, weight, bias, eps, rms, residual_dtype, weight_offset):
+    """(y, h) of a family member over the last dimension of x (h None without a residual)."""
+    x = _check(x, "x")
+    n = _checks.width(x.shape, "x")
+    weight = _check(weight, "weight", n)
+    bias = _check(bias, "bias", n)
+    eps = _checks.eps(eps)
+    offset = _checks.weight_offset(weight_offset)
+    h_dtype = None
+    if residual is not None:
+        residual = _check(residual, "residual")
+        rdt = None if residual_dtype is None else numpy.dtype(residual_dtype)
+        h_dtype = _checks.residual(residual.shape, _dtype(residual), rdt, x.shape, _dtype(x))
+    elif residual_dtype is not None:
+        raise ValueError("residual_dtype needs a residual; got residual=None")
+    if offset:
+        if weight is None:
+            raise ValueError("weight_offset needs a weight; got weight=None")
+        weight = weight.astype(acc_dtype(_dtype(x))) + offset  # dw passes through the add
+    for a, name in ((x, "x"), (residual, "residual"), (weight, "weight"), (bias, "bias")):
+        _check_device(a, name)
+    m = math.prod(x.shape[:-1])
+    if m == 0:
+        h = None if residual is None else jnp.zeros(x.shape, h_dtype)
+        return jnp.zeros_like(x), h
+    r2 = None if residual is None else residual.reshape(m, n)
+    y, h = _norm(x.reshape(m, n), r2, weight, bias, eps, rms, h_dtype)
+    return y.reshape(x.shape), None if residual is None else h.reshape(x.shape)
+
+
+def rms_norm(x: jax.Array, weight: jax.Array | None = None, eps: float = 1e-6, *,
+             weight_offset: float = 0.0) -> jax.Array:  # fmt: skip
+    """RMSNorm over the last dimension of ``x`` (y = x * rstd * (weight + weight_offset), rstd =
+    1 / sqrt(mean(x^2) + eps) in float32), differentiable, as ``layer_norm``."""
+    return _family(x, None, weight, None, eps, True, None, weight_offset)[0]
+
+
+def add_rms_norm(x: jax.Array, residual: jax.Array, weight: jax.Array | None = None,
+                 eps: float = 1e-6, *, residual_dtype=None,
+                 weight_offset: float = 0.0) -> tuple[jax.Array, jax.Array]:  # fmt: skip
+    """``(y, h)``: h = x + residual (added in float32, stored in ``residual_dtype``, default
+    residual's dtype), y = rms_norm(h) in x's dtype; differentiable in x, residual, weight."""
+    return _family(x, residual, weight, None, eps, True, residual_dtype, weight_offset)
+
+
+def add_layer_norm(x: jax.Array, residual: jax.Array, weight: jax.Array | None = None,
+                   bias: jax.Array | None = None, eps: float = 1e-5, *, residual_dtype=None,
+                   weight_offset: float = 0.0) -> tuple[jax.Array, jax.Array]:  # fmt: skip
+    """``(y, h)`` as ``add_rms_norm``, y = layer_norm(h)."""
+    return _family(x, residual, weight, bias, eps, False, residual_dtype, weight_offset)

@@ -112,7 +112,8 @@ def family_variants(x_dtype) -> set:
                         xs = (n, x_dtype, x_dtype, x_dtype, vec, smem, c)
                         res = dict(rms=rms, residual=(h, h))
                         plans = [F.forward_plan(*xs, stream=True, **res),
-                                 F.forward_plan(*xs, F.FWD_REG_ITEMS_SHORT, True, **res)]
+                                 F.forward_plan(*xs, F.FWD_REG_ITEMS_SHORT, True,
+                                                **res)]  # fmt: skip
                         if h == x_dtype:
                             plans += [F.forward_plan(*xs, stream=True, rms=rms),
                                       F.forward_plan(*xs, rms=rms),

@@ -192,3 +192,76 @@ def test_empty_rows():
     x = jnp.zeros((0, 64), jnp.float32)
     assert cj.layer_norm(x).shape == (0, 64)
     assert jax.grad(lambda x: cj.layer_norm(x).sum())(x).shape == (0, 64)
+
+
+# ------------------------------------------------------------------ the norm family
+def _rms64(h, w, eps):
+    return h / np.sqrt((h * h).mean(-1, keepdims=True) + eps) * w
+
+
+def _ln64(h, w, b, eps):
+    c = h - h.mean(-1, keepdims=True)
+    return c / np.sqrt((c * c).mean(-1, keepdims=True) + eps) * w + b
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+@pytest.mark.parametrize("n", [64, 769, 4096, 16384])
+@pytest.mark.parametrize("kind", ["rms", "add_rms", "add_ln"])
+def test_family_values_and_grads(kind, n, jit):
+    """Values against float64 NumPy, and gradients against jax.vjp of a pure-JAX float32 form
+    of the same function (its own rounding sets the tolerance)."""
+    m = 200
+    x = fresh((m, n), jnp.bfloat16)
+    r = fresh((m, n), jnp.float32, 0.3, 1.0)
+    w = fresh((n,), jnp.float32, 1.0, 0.3)
+    b = fresh((n,), jnp.bfloat16, 0.0, 0.3)
+    dy = fresh((m, n), jnp.bfloat16, 0.0, 1.0)
+    dh = fresh((m, n), jnp.float32, 0.0, 0.5)
+
+    def ours(x, r, w, b):
+        if kind == "rms":
+            return cj.rms_norm(x, w, 1e-6), r
+        if kind == "add_rms":
+            return cj.add_rms_norm(x, r, w, 1e-6)
+        return cj.add_layer_norm(x, r, w, b, 1e-5)
+
+    def plain(x, r, w, b):
+        h = x.astype(jnp.float32) + r if kind != "rms" else x.astype(jnp.float32)
+        ms = (h * h).mean(-1, keepdims=True)
+        if kind == "add_ln":
+            c = h - h.mean(-1, keepdims=True)
+            rs = jax.lax.rsqrt((c * c).mean(-1, keepdims=True) + 1e-5)
+            y = c * rs * w + b.astype(jnp.float32)
+        else:
+            y = h * jax.lax.rsqrt(ms + 1e-6) * w
+        return y.astype(x.dtype), (h if kind != "rms" else r)
+
+    fn = jax.jit(ours) if jit else ours
+    (y, h), vjp = jax.vjp(fn, x, r, w, b)
+    h64 = f64(x) + (f64(r) if kind != "rms" else 0.0)
+    if kind != "rms":
+        np.testing.assert_array_equal(f64(h), np.asarray(x.astype(jnp.float32) + r, np.float64))
+    want = _ln64(h64, f64(w), f64(b), 1e-5) if kind == "add_ln" else _rms64(h64, f64(w), 1e-6)
+    check(y, want, "y")
+    got = vjp((dy, dh))
+    _, pvjp = jax.vjp(plain, x, r, w, b)
+    exp = pvjp((dy, dh))
+    names = ("dx", "dresidual", "dw", "db")
+    for name, g, e, a in zip(names, got, exp, (x, r, w, b)):
+        if kind == "rms" and name in ("dresidual", "db"):
+            continue
+        if kind == "add_rms" and name == "db":
+            continue
+        assert g.dtype == a.dtype, name
+        check(g, f64(e), name, rows=math.sqrt(m) if name in ("dw", "db") else 4)
+
+
+def test_family_weight_offset_and_bad_input():
+    x = fresh((16, 256), jnp.float32)
+    w = fresh((256,), jnp.float32, 0.0, 0.1)
+    y = cj.rms_norm(x, w, weight_offset=1.0)
+    check(y, _rms64(f64(x), f64(w) + 1.0, 1e-6), "y")
+    with pytest.raises(ValueError, match="residual must have the shape"):
+        cj.add_rms_norm(x, fresh((16, 128), jnp.float32))
+    with pytest.raises(ValueError, match="weight_offset needs a weight"):
+        cj.rms_norm(x, None, weight_offset=1.0)

@@ -214,8 +214,9 @@ def _residual_plan(n, x_dtype, w_dtype, b_dtype, vec, smem_limit, max_cluster, i
     and h share a dtype, else the register rows where one block holds the row; else the plan of
     h's norm, ``unfused`` (ln_fwd_add writes h first)."""
     r_dtype, h_dtype = residual
+    same = x_dtype == r_dtype == h_dtype
     plain = forward_plan(n, x_dtype, w_dtype, b_dtype, vec, smem_limit, max_cluster, items,
-                         one_wave, stream and x_dtype == r_dtype == h_dtype, affine, rms)
+                         one_wave, stream and same, affine, rms)  # fmt: skip
     if plain.tier == "stream":
         k = plain.kernel
         return replace(plain, kernel=Kernel(k.name, k.args[:-1] + (True,)))

@@ -4,6 +4,11 @@
     y = cupyln.torch.layer_norm(x, (N,), weight, bias, eps)  # as torch.nn.functional.layer_norm
     ln = cupyln.torch.LayerNorm(N)                            # as torch.nn.LayerNorm
     cupyln.torch.replace_layer_norms(model)                   # every nn.LayerNorm of a model
+    y = cupyln.torch.rms_norm(x, (N,), weight, eps)           # as torch.nn.functional.rms_norm
+    rms = cupyln.torch.RMSNorm(N)                             # as torch.nn.RMSNorm
+    y, h = cupyln.torch.add_rms_norm(x, residual, (N,), weight)        # h = x + residual
+    y, h = cupyln.torch.add_layer_norm(x, residual, (N,), weight, bias)
+    cupyln.torch.replace_norms(model)                         # nn.LayerNorm and nn.RMSNorm
     y, mean, rstd = cupyln.torch.forward(x, weight, bias)     # no autograd: the statistics
     dx, dw, db = cupyln.torch.backward(dy, x, weight, mean, rstd)  # for your own backward
 
@@ -17,7 +22,10 @@ CuPy): run a model once before capturing it in a CUDA graph.
 Under ``torch.autocast`` the layer behaves as ``torch.nn.functional.layer_norm`` does there: the
 input, weight and bias are taken in float32 and the output is float32. On CPU tensors
 ``layer_norm`` and ``LayerNorm`` are ``torch.nn.functional.layer_norm`` itself, so a model whose
-norms were replaced still runs on the CPU.
+norms were replaced still runs on the CPU. The norm family (``rms_norm``, ``RMSNorm``,
+``add_rms_norm``, ``add_layer_norm``) is the op pair ``torch.ops.cupyln.norm_fwd`` /
+``norm_bwd``; on CPU tensors it is torch's own ``rms_norm`` / ``layer_norm`` after the add in
+float32; ``weight_offset`` (keyword) scales by ``weight + weight_offset``.
 """
 
 import math
@@ -25,12 +33,14 @@ import math
 import torch
 
 from .. import _checks
+from . import _family
 from ._glue import _check
 from ._jagged import jagged_layer_norm
 from ._ops import _BWD, _FWD, _bwd_impl, _eager, _eager_apply, _fwd_impl, _inference, _needs_grad
 
 __all__ = ["layer_norm", "LayerNorm", "replace_layer_norms", "forward", "backward",
-           "jagged_layer_norm"]  # fmt: skip
+           "jagged_layer_norm", "rms_norm", "RMSNorm", "add_rms_norm", "add_layer_norm",
+           "replace_norms"]  # fmt: skip
 
 
 def layer_norm(
@@ -131,4 +141,105 @@ def replace_layer_norms(module: torch.nn.Module) -> torch.nn.Module:
     for m in module.modules():
         if type(m) is torch.nn.LayerNorm:
             m.__class__ = LayerNorm
+    return module
+
+
+# ------------------------------------------------------------------ the norm family
+def _rms_eps(eps, dtype: torch.dtype) -> float:
+    """F.rms_norm's eps=None: the epsilon of float32 for 16-bit and float32 input (what torch
+    does, measured), of float64 for float64."""
+    if eps is not None:
+        return eps
+    return torch.finfo(torch.float64 if dtype == torch.float64 else torch.float32).eps
+
+
+def _shape(normalized_shape) -> tuple:
+    return (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+
+
+def _cpu_add(input, residual, residual_dtype):
+    hdt = residual.dtype if residual_dtype is None else residual_dtype
+    return (input.float() + residual.float()).to(hdt) if hdt != torch.float64 else input + residual
+
+
+def rms_norm(
+    input: torch.Tensor,
+    normalized_shape,
+    weight: torch.Tensor | None = None,
+    eps: float | None = None,
+    *,
+    weight_offset: float = 0.0,
+) -> torch.Tensor:
+    """``torch.nn.functional.rms_norm`` with cupyln's kernels: y = x * rstd * weight, rstd =
+    1 / sqrt(mean(x^2) + eps) over the trailing ``normalized_shape``, in float32 (float64 for
+    float64 input); ``eps=None`` as torch. CPU tensors go to torch's own ``rms_norm``."""
+    if isinstance(input, torch.Tensor) and input.device.type == "cpu":
+        w = weight if not weight_offset else weight + weight_offset
+        return torch.nn.functional.rms_norm(input, _shape(normalized_shape), w, eps)
+    eps = _rms_eps(eps, getattr(input, "dtype", None))
+    return _family.norm(input, None, weight, None, eps, True, None, weight_offset,
+                        normalized_shape)[0]  # fmt: skip
+
+
+def add_rms_norm(
+    input: torch.Tensor,
+    residual: torch.Tensor,
+    normalized_shape,
+    weight: torch.Tensor | None = None,
+    eps: float | None = None,
+    *,
+    residual_dtype: torch.dtype | None = None,
+    weight_offset: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(y, h)``: h = input + residual, added in float32 and stored in ``residual_dtype``
+    (default residual's dtype), and y = rms_norm(h) in input's dtype; one read of input and
+    residual, one write of y and h. Gradients reach input and residual (through both y and
+    h)."""
+    if isinstance(input, torch.Tensor) and input.device.type == "cpu":
+        h = _cpu_add(input, residual, residual_dtype)
+        w = weight if not weight_offset else weight + weight_offset
+        y = torch.nn.functional.rms_norm(h, _shape(normalized_shape), w, eps)
+        return y.to(input.dtype), h
+    eps = _rms_eps(eps, getattr(input, "dtype", None))
+    return _family.norm(input, residual, weight, None, eps, True, residual_dtype, weight_offset,
+                        normalized_shape)  # fmt: skip
+
+
+def add_layer_norm(
+    input: torch.Tensor,
+    residual: torch.Tensor,
+    normalized_shape,
+    weight: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    eps: float = 1e-5,
+    *,
+    residual_dtype: torch.dtype | None = None,
+    weight_offset: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(y, h)``: h = input + residual as in ``add_rms_norm``, y = layer_norm(h) in input's
+    dtype."""
+    if isinstance(input, torch.Tensor) and input.device.type == "cpu":
+        h = _cpu_add(input, residual, residual_dtype)
+        w = weight if not weight_offset else weight + weight_offset
+        y = torch.nn.functional.layer_norm(h, _shape(normalized_shape), w, bias, eps)
+        return y.to(input.dtype), h
+    return _family.norm(input, residual, weight, bias, eps, False, residual_dtype,
+                        weight_offset, normalized_shape)  # fmt: skip
+
+
+class RMSNorm(torch.nn.RMSNorm):
+    """``torch.nn.RMSNorm`` computed by cupyln: the same constructor, parameters and
+    ``state_dict``, and ``isinstance(m, nn.RMSNorm)``; on CPU tensors torch's own."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return rms_norm(x, self.normalized_shape, self.weight, self.eps)
+
+
+def replace_norms(module: torch.nn.Module) -> torch.nn.Module:
+    """Make every ``torch.nn.LayerNorm`` and ``torch.nn.RMSNorm`` in ``module`` cupyln's, in
+    place (parameters, buffers and hooks kept); returns ``module``."""
+    replace_layer_norms(module)
+    for m in module.modules():
+        if type(m) is torch.nn.RMSNorm:
+            m.__class__ = RMSNorm
     return module
