@@ -204,12 +204,12 @@ def partial_reduce(device_id, n, x_dtype, w_dtype, db_dtype, slices):
 
 
 @lru_cache(maxsize=4096)
-def _backward_kernels(device_id, n, x_dtype, w_dtype, vec, short=False, rms=False):
+def _backward_kernels(device_id, n, x_dtype, w_dtype, vec, short=False, rms=False, dh=False):
     """(launcher, plan, resident blocks, column launcher or None) of the backward's plan for
-    rows of N (``short``: bwd.backward_short; ``rms``: RMSNorm's)."""
+    rows of N (``short``: bwd.backward_short; ``rms``: RMSNorm's; ``dh``: dh added to dx)."""
     dev = device(device_id)
     plan = bwd.backward_plan(n, x_dtype, w_dtype, vec, dev.smem_optin, dev.max_cluster, short,
-                             rms)  # fmt: skip
+                             rms, dh)  # fmt: skip
     f = function(plan.kernel, device_id, plan.smem)
     cols = None
     if plan.tier == "row":
@@ -237,12 +237,13 @@ class BackwardLaunch(NamedTuple):
 
 
 @lru_cache(maxsize=4096)
-def backward_launch(device_id, m, n, x_dtype, w_dtype, db_dtype, vec, rms=False) -> BackwardLaunch:
+def backward_launch(device_id, m, n, x_dtype, w_dtype, db_dtype, vec, rms=False,
+                    dh=False) -> BackwardLaunch:  # fmt: skip
     """The backward's launch for M rows, with the short launch's plan where M makes one."""
     key = device_id, n, x_dtype, w_dtype, vec
-    k, plan, cap, cols = _backward_kernels(*key, False, rms)
+    k, plan, cap, cols = _backward_kernels(*key, False, rms, dh)
     if plan.tier == "reg" and bwd.backward_short(m, plan, cap):
-        k, plan, cap, cols = _backward_kernels(*key, True, rms)
+        k, plan, cap, cols = _backward_kernels(*key, True, rms, dh)
     sms = device(device_id).sm_count
     if plan.tier == "row":
         g, per = bwd.dwdb_slices(m, n, sms)
@@ -265,7 +266,7 @@ def launch_backward(dev, m, n, dy_ptr, dy_stride, x_ptr, x_stride, x_dtype, w_pt
     align = (x_ptr | dy_ptr | dx_ptr | dh_ptr) & 15
     vec = vector_widths(x_dtype.itemsize, n, (x_stride, dy_stride, dh_stride), align)
     k, plan, cap, cols, g, per, (red, red_grid, red_block), inv_n = backward_launch(
-        dev, m, n, x_dtype, w_dtype, db_dtype, vec, rms
+        dev, m, n, x_dtype, w_dtype, db_dtype, vec, rms, dh_ptr != 0
     )
     stream = _runtime.current_stream() if stream is None else stream
     part, owner = workspace((1 if rms else 2) * g * n * esz)

@@ -121,6 +121,38 @@ def _time_torch(tp, x, w, b, dy, directions=DIRECTIONS):
     )
 
 
+#: the norms the sweep times: bytes forward and backward as multiples of M * N * itemsize (the
+#: contract's: read x / write y; read x and dy / write dx; with a residual add, x and residual
+#: in / y and h out, and h, dy, dh in / dx out)
+NORMS = {"ln": (2, 3), "rms": (2, 3), "add_rms": (4, 4), "add_ln": (4, 4)}
+
+
+def _time_family(norm, x, w, b, dy, directions=DIRECTIONS):
+    """(forward ms, backward ms) of a family member through the CuPy API: RMSNorm, or the
+    residual add in front of RMSNorm or LayerNorm (the backward with dh)."""
+    from . import _family
+
+    fwd, bwd = "forward" in directions, "backward" in directions
+    if norm == "rms":
+        _, rstd = _family.rms_forward(x, w)
+        return (
+            time_ms(lambda: _family.rms_forward(x, w)) if fwd else None,
+            time_ms(lambda: _family.rms_backward(dy, x, w, rstd)) if bwd else None,
+        )
+    r = ref.sample(x.shape, x.dtype, loc=0.3, scale=1.0, seed=x.shape[-1] + 4)
+    if norm == "add_rms":
+        _, rstd, h = _family.rms_forward(x, w, residual=r)
+        return (
+            time_ms(lambda: _family.rms_forward(x, w, residual=r)) if fwd else None,
+            time_ms(lambda: _family.rms_backward(dy, h, w, rstd, dh=r)) if bwd else None,
+        )
+    _, mean, rstd, h = _api.forward(x, w, b, residual=r)
+    return (
+        time_ms(lambda: _api.forward(x, w, b, residual=r)) if fwd else None,
+        time_ms(lambda: _api.backward(dy, h, w, mean, rstd, dh=r)) if bwd else None,
+    )
+
+
 def _gbs(nbytes: int, ms: float | None) -> float | None:
     return None if ms is None else nbytes / ms * 1e-6
 
@@ -133,33 +165,45 @@ def run(
     progress: Callable[[Row], None] | None = None,
     with_compile: bool = False,
     directions=DIRECTIONS,
+    norm: str = "ln",
 ):
     """Sweep N at M = elements // N; returns (copy GB/s, [Row]) for cupyln, torch and (with
     ``with_compile``, about 20 s of compiling per width) torch.compile, timing the
-    ``directions`` named ("forward", "backward", or both: the default)."""
+    ``directions`` named ("forward", "backward", or both: the default). ``norm``: one of
+    NORMS; the family's members (not "ln") time cupyln alone (shared/bench/peers_family.py
+    times them against the peers)."""
     import cupy
 
     directions = (directions,) if isinstance(directions, str) else tuple(directions)
     if not directions or any(d not in DIRECTIONS for d in directions):
         raise ValueError(f"directions: one or both of {DIRECTIONS}, got {directions!r}")
+    if norm not in NORMS:
+        raise ValueError(f"norm: one of {tuple(NORMS)}, got {norm!r}")
     dtype = numpy.dtype(dtype)
     copy = copy_bandwidth()
     rows = []
-    tp = _torch_provider() if with_torch else None
-    cp = _compile_provider() if with_compile else None
+    family = norm != "ln"
+    tp = _torch_provider() if with_torch and not family else None
+    cp = _compile_provider() if with_compile and not family else None
+    fwd_bytes, bwd_bytes = NORMS[norm]
     for n in ns:
         m = max(1, elements // n)
         data = _inputs(m, n, dtype)
-        results = [("cupyln", *_time_cupyln(*data, directions))]
+        if family:
+            results = [("cupyln", *_time_family(norm, *data, directions))]
+        else:
+            results = [("cupyln", *_time_cupyln(*data, directions))]
         if tp is not None:
             results.append(("torch", *_time_torch(tp, *data, directions)))
         if cp is not None:
             results.append(("torch.compile", *_time_torch(cp, *data, directions)))
         nbytes = m * n * dtype.itemsize
-        shapes = _api.describe(*data[:3])
-        kernels = "; ".join(f"{d[:3]}: {shapes[d]}" for d in DIRECTIONS if d in directions)
+        kernels = norm
+        if not family:
+            shapes = _api.describe(*data[:3])
+            kernels = "; ".join(f"{d[:3]}: {shapes[d]}" for d in DIRECTIONS if d in directions)
         for name, f_ms, b_ms in results:
-            fg, bg = _gbs(2 * nbytes, f_ms), _gbs(3 * nbytes, b_ms)
+            fg, bg = _gbs(fwd_bytes * nbytes, f_ms), _gbs(bwd_bytes * nbytes, b_ms)
             of_copy = [None if g is None else g / copy for g in (fg, bg)]
             row = Row(name, dtype.name, m, n, f_ms, b_ms, fg, bg, *of_copy)
             if name == "cupyln":

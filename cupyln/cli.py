@@ -111,6 +111,70 @@ def _check_case(label, shape, xdt, wdt, bdt, tutorial=False) -> bool:
     return ok
 
 
+# the norm family: (label, shape, kind, x dtype, h dtype): RMSNorm, and the residual add in
+# front of RMSNorm and LayerNorm, through the fused tiers and the unfused plan
+FAMILY_CASES = (
+    ("RMSNorm, odd N", (300, 769), "rms", "bfloat16", None),
+    ("RMSNorm, N = 65536", (200, 65536), "rms", "bfloat16", None),
+    ("add+RMSNorm, bf16", (500, 4096), "add_rms", "bfloat16", "bfloat16"),
+    ("add+RMSNorm, fp32 residual stream", (300, 1000), "add_rms", "bfloat16", "float32"),
+    ("add+LayerNorm, fp16", (500, 8192), "add_ln", "float16", "float16"),
+    ("add+LayerNorm, unfused (N = 262144)", (8, 262144), "add_ln", "bfloat16", "float32"),
+)
+
+
+def _check_family(label, shape, kind, xdt, hdt) -> bool:
+    """One family case, forward and backward (with dh), against the float64 reference at
+    the saved statistics."""
+    import cupyln
+    from cupyln import reference as ref
+
+    n = shape[-1]
+    m = math.prod(shape[:-1])
+    x = ref.sample(shape, xdt, seed=5)
+    w = ref.sample((n,), xdt, loc=1.0, scale=0.3, seed=6)
+    b = ref.sample((n,), xdt, loc=0.0, scale=0.3, seed=7)
+    dy = ref.sample(shape, xdt, loc=0.0, scale=1.0, seed=8)
+    pairs = []
+    if kind == "rms":
+        y, rstd = cupyln.rms_forward(x, w)
+        dx, dw = cupyln.rms_backward(dy, x, w, rstd)
+        pairs += [("y", y, ref.rms_forward(x, w)[0])]
+        dxr, dwr = ref.rms_backward(dy, x, w, rstd)
+    else:
+        r = ref.sample(shape, hdt, loc=0.3, scale=1.0, seed=9)
+        dh = ref.sample(shape, hdt, loc=0.0, scale=0.5, seed=10)
+        if kind == "add_rms":
+            y, rstd, h = cupyln.rms_forward(x, w, residual=r, residual_dtype=hdt)
+            dx, dw = cupyln.rms_backward(dy, h, w, rstd, dh=dh)
+            yr = ref.rms_forward(h, w)[0]
+            dxr, dwr = ref.rms_backward(dy, h, w, rstd, dh=dh)
+        else:
+            y, mean, rstd, h = cupyln.forward(x, w, b, residual=r, residual_dtype=hdt)
+            dx, dw, _ = cupyln.backward(dy, h, w, mean, rstd, dh=dh)
+            yr = ref.forward(h, w, b)[0]
+            dxr, dwr, _ = ref.backward(dy, h, w, 1e-5, mean, rstd)
+            dxr = dxr + ref.to_float64(dh)
+        same = bool((ref.to_float64(h) == ref.to_float64(ref.add(x, r, hdt))).all())
+        pairs += [("y", y, yr)]
+        if not same:
+            print(f"  FAIL {label}: h is not x + residual rounded to {hdt}")
+            return False
+    pairs += [("dx", dx, dxr), ("dw", dw, dwr)]
+    ok, parts = True, []
+    for name, out, want in pairs:
+        try:
+            ref.assert_close(out, want, name, atol_scale=math.sqrt(m) if name == "dw" else 1.0)
+            good = True
+        except AssertionError as e:
+            print(f"    {e}")
+            good = False
+        ok &= good
+        parts.append(f"{name} {'ok' if good else 'FAIL'}")
+    print(f"  {'ok  ' if ok else 'FAIL'} {label:36s} {str(shape):15s} {xdt:8s} " + "  ".join(parts))
+    return ok
+
+
 def cmd_check(_args) -> int:
     n, why = _gpu_count()
     if n == 0:
@@ -122,6 +186,8 @@ def cmd_check(_args) -> int:
     )
     for case in CHECK_CASES:
         ok &= _check_case(*case)
+    for case in FAMILY_CASES:
+        ok &= _check_family(*case)
     print("check passed" if ok else "check FAILED")
     return 0 if ok else 1
 
@@ -175,7 +241,7 @@ def cmd_bench(args) -> int:
                 tick()
 
         copy, rows = bench.run(args.dtype, 2**args.log2_elements, ns, not args.no_torch, step,
-                               args.compile, directions)  # fmt: skip
+                               args.compile, directions, args.norm)  # fmt: skip
     print(f"device-to-device copy: {copy:.0f} GB/s (read + write)")
     if args.csv:
         with open(args.csv, "w", newline="") as f:
@@ -268,6 +334,12 @@ def main(argv=None) -> int:
         help="time the forward, the backward (dx, dw and db) or both (default)",
     )
     b.add_argument("--no-torch", action="store_true", help="skip the torch comparison")
+    b.add_argument(
+        "--norm",
+        default="ln",
+        choices=("ln", "rms", "add_rms", "add_ln"),
+        help="LayerNorm (default), RMSNorm, or the residual add in front of either",
+    )
     b.add_argument("--compile", action="store_true", help="add torch.compile (slow to compile)")
     b.add_argument("--overhead", action="store_true", help="CPU time per call, tiny arrays")
     b.add_argument("--jagged", action="store_true", help="the jagged sweep (Helion's batches)")

@@ -54,6 +54,18 @@ def test_bench_runs(tmp_path):
 
 @requires_gpu
 @pytest.mark.gpu
+@pytest.mark.parametrize("norm", ["rms", "add_rms", "add_ln"])
+def test_bench_family(tmp_path, norm):
+    out = tmp_path / "b.csv"
+    r = run("bench", "--norm", norm, "--n", "1024,65536", "--log2-elements", "20", "--csv",
+            str(out))  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = out.read_text().splitlines()
+    assert len(rows) == 3 and all(row.startswith("cupyln") for row in rows[1:])  # no torch
+
+
+@requires_gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("direction,timed,skipped", [("forward", "fwd", "bwd"),
                                                      ("backward", "bwd", "fwd")])  # fmt: skip
 def test_bench_one_direction(tmp_path, direction, timed, skipped):

@@ -32,6 +32,9 @@ SM90_BOUNDS_SPILL = 8  # ...and of sm_90's forward launch bounds built for sm_80
 # arch: with w and b given; 16 without one or both)
 STREAM_SPILL = 8
 STREAM_BARE_SPILL = 16
+# ...and of the backward's register rows that add dh (the residual stream's gradient): its loads
+# cost the 16-bit rows' tight registers a few values (a compile-time flag: none without dh)
+DH_SPILL = 64
 
 _REPORT = re.compile(
     r"Compiling entry function '(\w+)' for 'sm_\d+'\n"
@@ -119,9 +122,11 @@ def family_variants(x_dtype) -> set:
                                       F.forward_plan(*xs, rms=rms),
                                       F.forward_plan(*xs, F.FWD_REG_ITEMS_SHORT, True, rms=rms),
                                       B.backward_plan(n, x_dtype, x_dtype, vec, smem, c, False,
+                                                      rms, True),
+                                      B.backward_plan(n, x_dtype, x_dtype, vec, smem, c, False,
                                                       rms),
                                       B.backward_plan(n, x_dtype, x_dtype, vec, smem, c, True,
-                                                      rms)]  # fmt: skip
+                                                      rms, True)]  # fmt: skip
                         for p in plans:
                             out.add(p.kernel)
                             if p.unfused:
@@ -164,6 +169,8 @@ def spill_allowed(k, arch: int = 90) -> int:
             return SM90_BOUNDS_SPILL
     if k.name == "ln_bwd_reg_cluster":
         return BOUNDED_SPILL
+    if k.name in ("ln_bwd_reg", "ln_bwd_reg_cluster") and k.arg("DH"):
+        return max(DH_SPILL, BOUNDED_SPILL if k.name == "ln_bwd_reg_cluster" else 0)
     if k.name == "ln_bwd_reg" and k.arg("AHEAD"):
         return AHEAD_SPILL
     return 0
@@ -181,7 +188,8 @@ def test_spill_allowances():
 
     def bwd(tpr, block, flag):
         return kernel("ln_bwd_reg", T=bf, TW=bf, VEC=8, ITEMS=2, TPR=tpr, BLOCK=block,
-                      AHEAD=flag, SHARED_SUMS=flag, STAGE_W=flag, RMS=False)  # fmt: skip
+                      AHEAD=flag, SHARED_SUMS=flag, STAGE_W=flag, RMS=False,
+                      DH=False)  # fmt: skip
 
     def stream(has_b):
         return kernel("ln_fwd_stream", T=bf, TW=bf, TB=bf, VEC=8, TPR=512, BLOCK=512, NCH=4,
@@ -189,7 +197,7 @@ def test_spill_allowances():
                       HAS_B=has_b, RMS=False, RES=False)  # fmt: skip
 
     cluster = kernel("ln_bwd_reg_cluster", T=bf, TW=bf, VEC=8, ITEMS=4, BLOCK=256, C=8,
-                     STAGE_W=True, RMS=False)  # fmt: skip
+                     STAGE_W=True, RMS=False, DH=False)  # fmt: skip
     assert spill_allowed(cluster) == 48
     assert spill_allowed(bwd(512, 512, True)) == AHEAD_SPILL
     assert spill_allowed(bwd(64, 64, False)) == 0

@@ -267,6 +267,7 @@ def _check_bwd_reg_cluster(plan, n, dtype, smem):
         C=c,
         STAGE_W=True,
         RMS=False,
+        DH=False,
     )  # w of x's dtype: staged
     assert plan.kernel == want, plan
     # the next row's x and dy, the dw/db sums (float32) and w

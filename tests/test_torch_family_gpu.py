@@ -83,21 +83,19 @@ def test_add_norm_values_and_grads(kind, xdt, hdt, n):
         y, h = clt.add_layer_norm(x, r, (n,), w, b, 1e-5, residual_dtype=hdt)
         inputs = (x, r, w, b)
     got = grads((y, h), inputs, (dy, dh))
-    refs = [t.detach().double().requires_grad_() for t in inputs]
-    hr64 = refs[0] + refs[1]
     want_h = (x.detach().float() + r.detach().float()).to(hd)
     assert h.dtype == hd and torch.equal(h.detach(), want_h)
+    # the norm is of h as stored (rounded to its dtype), in the forward and the backward alike:
+    # the reference differentiates it at that h, and dh reaches x and residual unchanged
+    hs = want_h.double().requires_grad_()
+    params = [t.detach().double().requires_grad_() for t in inputs[2:]]
     if kind == "rms":
-        yr = F.rms_norm(hr64, (n,), refs[2], 1e-6)
+        ys = F.rms_norm(hs, (n,), params[0], 1e-6)
     else:
-        yr = F.layer_norm(hr64, (n,), refs[2], refs[3], 1e-5)
-    gref = torch.autograd.grad((yr, hr64), refs, (dy.double(), dh.double()))
-    hs = want_h.double()  # y is the norm of h as stored (rounded to its dtype)
-    if kind == "rms":
-        ys = F.rms_norm(hs, (n,), refs[2].detach(), 1e-6)
-    else:
-        ys = F.layer_norm(hs, (n,), refs[2].detach(), refs[3].detach(), 1e-5)
-    close(y.detach(), ys, "y")
+        ys = F.layer_norm(hs, (n,), params[0], params[1], 1e-5)
+    gh, *gparams = torch.autograd.grad(ys, [hs, *params], dy.double())
+    gref = [gh + dh.double(), gh + dh.double(), *gparams]
+    close(y.detach(), ys.detach(), "y")
     for name, g, gr, t in zip(("dx", "dresidual", "dw", "db"), got, gref, inputs):
         assert g.dtype == t.dtype, name
         close(g, gr, name, rows=math.sqrt(m) if name in ("dw", "db") else 1)

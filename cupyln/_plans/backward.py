@@ -125,14 +125,14 @@ class _Rows:
 
 
 def backward_plan(n: int, x_dtype, w_dtype, vec: int, smem_limit: int, max_cluster: int = 1,
-                  short: bool = False, rms: bool = False) -> Plan:  # fmt: skip
+                  short: bool = False, rms: bool = False, dh: bool = False) -> Plan:  # fmt: skip
     """The kernel computing dx (and, but in the row tier, the dw/db partial rows) for rows of
     N elements of ``x_dtype`` in packs of ``vec``, w of ``w_dtype``. ``max_cluster``: the
     largest thread-block cluster the device runs (1: none); ``short``: a launch whose grid
     stays short of the resident blocks (backward_short); ``rms``: RMSNorm's backward (the
-    same tiers, no db)."""
+    same tiers, no db); ``dh``: a gradient along the residual stream is added to dx."""
     rows = _Rows(x_dtype, w_dtype, vec, smem_limit, x_dtype.itemsize == 2 and vec == 8)
-    dtypes = dict(T=x_dtype, TW=w_dtype, RMS=rms)
+    dtypes = dict(T=x_dtype, TW=w_dtype, RMS=rms, DH=dh)
     values = BWD_REG_VALUES * 4 // acc_dtype(x_dtype).itemsize
     shape = reg_shape(n, vec, values, REG_BLOCK_MAX)
     shared = False
@@ -154,7 +154,7 @@ def backward_plan(n: int, x_dtype, w_dtype, vec: int, smem_limit: int, max_clust
                 smem = rows.smem(block, items, True, staged_w, ahead=True)
                 return Plan(k, "reg", vec, items, block, block, 1, smem, c)
     if shape is not None:
-        return _reg_plan(n, rows, shape, values, shared, short, rms)
+        return _reg_plan(n, rows, shape, values, shared, short, rms, dh)
     ring = _ring_shape(n, vec, x_dtype.itemsize, values, share(smem_limit), max_cluster)
     if ring is not None:
         c, items, lag, smem = ring
@@ -171,7 +171,7 @@ def backward_plan(n: int, x_dtype, w_dtype, vec: int, smem_limit: int, max_clust
 
 
 def _reg_plan(n: int, rows: _Rows, shape, values: int, shared: bool, short: bool,
-              rms: bool = False) -> Plan:  # fmt: skip
+              rms: bool = False, dh: bool = False) -> Plan:  # fmt: skip
     """ln_bwd_reg for ``shape`` (tpr, items, block): 16-bit rows of small blocks get blocks in
     steps of a warp (_small_block), rows of a block that shares its SM grow to split the SM's
     threads evenly (_fill_sm), and rows of 64-128 threads share blocks (_group_block)."""
@@ -189,7 +189,7 @@ def _reg_plan(n: int, rows: _Rows, shape, values: int, shared: bool, short: bool
         block = _group_block(tpr, items * vec, short)
     k = kernel("ln_bwd_reg", T=rows.x_dtype, TW=rows.w_dtype, VEC=vec, ITEMS=items, TPR=tpr,
                BLOCK=block, AHEAD=ahead, SHARED_SUMS=shared, STAGE_W=staged_w,
-               RMS=rms)  # fmt: skip
+               RMS=rms, DH=dh)  # fmt: skip
     return Plan(k, "reg", vec, items, tpr, block, block // tpr, smem)
 
 

@@ -466,16 +466,14 @@ __device__ __forceinline__ A rstd_of(const A var, const A mean, const A eps) {
   return rsqrt_acc(RMS ? var + mean * mean + eps : var + eps);
 }
 
-// o[k] += dh[k] for the VEC elements at p (a pack), where p is not nullptr: the gradient along
-// the residual stream, added to dx.
+// o[k] += dh[k] for the VEC elements at p (a pack): the gradient along the residual stream,
+// added to dx.
 template <typename T, typename A, int VEC>
 __device__ __forceinline__ void add_grad(const T* __restrict__ p, A (&o)[VEC]) {
-  if (p != nullptr) {
-    A d[VEC];
-    load_pack<A, T, VEC>(p, d);
+  A d[VEC];
+  load_pack<A, T, VEC>(p, d);
 #pragma unroll
-    for (int k = 0; k < VEC; ++k) o[k] += d[k];
-  }
+  for (int k = 0; k < VEC; ++k) o[k] += d[k];
 }
 
 // h = x + res for the VEC elements of px and pr, added in A and rounded to TH (what the norm

@@ -5,8 +5,9 @@
 // With xhat = (x - mean) * rstd and g = dy * w (g = dy without w):
 //   dx = rstd * (g - mean_N(g) - xhat * mean_N(g * xhat)) + dh
 //   dw = sum over rows of dy * xhat,    db = sum over rows of dy.
-// RMS (RMSNorm): mean = 0 and no mean_N(g) term; no db (db_part is not written). dh: the
-// gradient along the residual stream, or nullptr.
+// RMS (RMSNorm): mean = 0 and no mean_N(g) term; no db (db_part is not written). DH: dh, the
+// gradient along the residual stream, is added (a compile-time flag: the pointer alone, tested
+// at run time, costs the 16-bit rows registers and spills).
 // Parameters: CUPYLN_BWD_PARAMS (args.cuh), the same list for every kernel of this file but
 // ln_partial_reduce.
 // Inputs : dy, x [M, N] of T (own row strides, last dim contiguous), w [N] of TW or nullptr,
@@ -115,7 +116,7 @@ __device__ __forceinline__ void row_packs(const T* __restrict__ xr, const T* __r
 // of 4, 8 or 16 bytes; C > 1 needs AHEAD, SHARED_SUMS, a block per row and 16-byte packs; row
 // groups of more than a warp: at most 15 a block (named barriers 1-15).
 template <typename T, typename TW, int VEC, int ITEMS, int TPR, int BLOCK, bool AHEAD,
-          bool SHARED_SUMS, int C, bool STAGE_W, bool RMS>
+          bool SHARED_SUMS, int C, bool STAGE_W, bool RMS, bool DH>
 __device__ __forceinline__ void bwd_reg_rows(
     const T* __restrict__ dy, const i64 dy_stride, const T* __restrict__ x, const i64 x_stride,
     const TW* __restrict__ w, const typename AccOf<T>::type* __restrict__ mean,
@@ -308,7 +309,7 @@ __device__ __forceinline__ void bwd_reg_rows(
   auto pass2 = [&](const int s, const i64 row, const A c1, const A c2_row) {
     const A c2 = RMS ? A(0) : c2_row;
     T* __restrict__ dxr = dx + row * N + lo;
-    const T* __restrict__ dhr = dh != nullptr ? dh + row * dh_stride + lo : nullptr;
+    const T* __restrict__ dhr = DH ? dh + row * dh_stride + lo : nullptr;
     const A r = r_s[s];
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
@@ -349,7 +350,7 @@ __device__ __forceinline__ void bwd_reg_rows(
             o[k] = (g[k] - (xh[k] * c1 + c2)) * r;
           }
         }
-        add_grad<T, A, VEC>(dhr != nullptr ? dhr + col : nullptr, o);
+        if constexpr (DH) add_grad<T, A, VEC>(dhr + col, o);
         store_pack<T, A, VEC, (C > 1)>(dxr + col, o);
       }
     }
@@ -457,24 +458,25 @@ __device__ __forceinline__ void bwd_reg_rows(
 }
 
 template <typename T, typename TW, int VEC, int ITEMS, int TPR, int BLOCK, bool AHEAD,
-          bool SHARED_SUMS, bool STAGE_W, bool RMS>
+          bool SHARED_SUMS, bool STAGE_W, bool RMS, bool DH>
 __global__ void __launch_bounds__(
     BLOCK, BwdRegBlocks<T, ITEMS, VEC, TPR, BLOCK, SHARED_SUMS, STAGE_W>::value)
     ln_bwd_reg(CUPYLN_BWD_PARAMS) {
   release_dependents();  // ln_partial_reduce, launched after it, waits for the whole grid
-  bwd_reg_rows<T, TW, VEC, ITEMS, TPR, BLOCK, AHEAD, SHARED_SUMS, 1, STAGE_W, RMS>(
+  bwd_reg_rows<T, TW, VEC, ITEMS, TPR, BLOCK, AHEAD, SHARED_SUMS, 1, STAGE_W, RMS, DH>(
       dy, dy_stride, x, x_stride, w, mean, rstd, dx, dw_part, db_part, M, N, inv_n, nullptr, dh,
       dh_stride);
 }
 
-template <typename T, typename TW, int VEC, int ITEMS, int BLOCK, int C, bool STAGE_W, bool RMS>
+template <typename T, typename TW, int VEC, int ITEMS, int BLOCK, int C, bool STAGE_W, bool RMS,
+          bool DH>
 __global__ void CUPYLN_CLUSTER(C) __launch_bounds__(BLOCK, LagBlocks<BLOCK>::value)
     ln_bwd_reg_cluster(CUPYLN_BWD_PARAMS) {
   typedef typename AccOf<T>::type A;
   __shared__ A xch[4 * C * 2];  // four slots of two sums a block
   release_dependents();
   // 1 / N computed here, not the parameter: taking it changed ptxas's allocation for the worse
-  bwd_reg_rows<T, TW, VEC, ITEMS, BLOCK, BLOCK, true, true, C, STAGE_W, RMS>(
+  bwd_reg_rows<T, TW, VEC, ITEMS, BLOCK, BLOCK, true, true, C, STAGE_W, RMS, DH>(
       dy, dy_stride, x, x_stride, w, mean, rstd, dx, dw_part, db_part, M, N, A(1) / A(N), xch,
       dh, dh_stride);
 }

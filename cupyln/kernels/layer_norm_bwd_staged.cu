@@ -30,7 +30,8 @@ namespace cupyln {
 //   follows pass 1 of the next one, and the ring holds two rows' slices at once.
 // Limits: ceil(N / VEC / C) <= BLOCK * ITEMS; the ring holds the x and dy slices of 1 + LAG
 //   rows.
-template <typename T, typename TW, int VEC, int ITEMS, int BLOCK, int C, int LAG, bool RMS>
+template <typename T, typename TW, int VEC, int ITEMS, int BLOCK, int C, int LAG, bool RMS,
+          bool DH>
 __device__ __forceinline__ void bwd_ring_rows(
     const T* __restrict__ dy, const i64 dy_stride, const T* __restrict__ x, const i64 x_stride,
     const TW* __restrict__ w, const typename AccOf<T>::type* __restrict__ mean,
@@ -105,7 +106,7 @@ __device__ __forceinline__ void bwd_ring_rows(
   // dx = rs * (g - c2 - xhat * c1) = rs * g + (x - mu) * k1 + k0, k1 = -rs^2 c1, k0 = -rs c2
   auto pass2 = [&](const i64 row, const A mu, const A rs, const A c1, const A c2) {
     T* __restrict__ dxr = dx + row * N + lo * VEC;
-    const T* __restrict__ dhr = dh != nullptr ? dh + row * dh_stride + lo * VEC : nullptr;
+    const T* __restrict__ dhr = DH ? dh + row * dh_stride + lo * VEC : nullptr;
     const A k1 = -rs * rs * c1, k0 = RMS ? A(0) : -rs * c2;
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
@@ -121,7 +122,7 @@ __device__ __forceinline__ void bwd_ring_rows(
           const A g = ws != nullptr ? gk * p[k] : gk;
           o[k] = rs * g + ((widen_at<A>(px, k) - mu) * k1 + k0);
         }
-        add_grad<T, A, VEC>(dhr != nullptr ? dhr + v * VEC : nullptr, o);
+        if constexpr (DH) add_grad<T, A, VEC>(dhr + v * VEC, o);
         store_pack<T, A, VEC>(dxr + v * VEC, o);
       }
     }
@@ -180,31 +181,32 @@ __device__ __forceinline__ void bwd_ring_rows(
   }
 }
 
-template <typename T, typename TW, int VEC, int ITEMS, int BLOCK, bool RMS>
+template <typename T, typename TW, int VEC, int ITEMS, int BLOCK, bool RMS, bool DH>
 __global__ void __launch_bounds__(BLOCK, 1)
     ln_bwd_ring(CUPYLN_BWD_PARAMS) {
   release_dependents();
-  bwd_ring_rows<T, TW, VEC, ITEMS, BLOCK, 1, 0, RMS>(dy, dy_stride, x, x_stride, w, mean, rstd,
-                                                     dx, dw_part, db_part, M, N, inv_n, dh,
-                                                     dh_stride);
+  bwd_ring_rows<T, TW, VEC, ITEMS, BLOCK, 1, 0, RMS, DH>(dy, dy_stride, x, x_stride, w, mean,
+                                                         rstd, dx, dw_part, db_part, M, N, inv_n,
+                                                         dh, dh_stride);
 }
 
-template <typename T, typename TW, int VEC, int ITEMS, int BLOCK, int C, int LAG, bool RMS>
+template <typename T, typename TW, int VEC, int ITEMS, int BLOCK, int C, int LAG, bool RMS,
+          bool DH>
 __global__ void CUPYLN_CLUSTER(C) __launch_bounds__(BLOCK, 1)
     ln_bwd_cluster(CUPYLN_BWD_PARAMS) {
   release_dependents();
-  bwd_ring_rows<T, TW, VEC, ITEMS, BLOCK, C, LAG, RMS>(dy, dy_stride, x, x_stride, w, mean,
-                                                       rstd, dx, dw_part, db_part, M, N, inv_n,
-                                                       dh, dh_stride);
+  bwd_ring_rows<T, TW, VEC, ITEMS, BLOCK, C, LAG, RMS, DH>(dy, dy_stride, x, x_stride, w,
+                                                           mean, rstd, dx, dw_part, db_part, M,
+                                                           N, inv_n, dh, dh_stride);
 }
 
 // Tier "row": dx for rows too wide for registers, one block per row.
 //   Pass 1 reads x and dy, UNROLL vectors of each per thread before using them (copying them to
 //   shared memory with STAGE: 2 * N elements of T), and forms the two row sums; pass 2
 //   recomputes xhat and g from shared memory (or from global memory without STAGE) and writes dx.
-//   dw/db come from ln_bwd_dwdb_cols. RMS: RMSNorm (layer_norm_bwd.cu's header).
+//   dw/db come from ln_bwd_dwdb_cols. RMS, DH: as layer_norm_bwd.cu's header says.
 // Limits: any N < 2^31 - UNROLL * BLOCK * VEC.
-template <typename T, typename TW, int VEC, int BLOCK, bool STAGE, bool RMS>
+template <typename T, typename TW, int VEC, int BLOCK, bool STAGE, bool RMS, bool DH>
 __global__ void __launch_bounds__(BLOCK, 1)
     ln_bwd_row(CUPYLN_BWD_PARAMS) {
   typedef typename AccOf<T>::type A;
@@ -261,7 +263,7 @@ __global__ void __launch_bounds__(BLOCK, 1)
     const T* __restrict__ src_x = STAGE ? stage_x : xr;
     const T* __restrict__ src_g = STAGE ? stage_g : gr;
     T* __restrict__ dxr = dx + row * N;
-    const T* __restrict__ dhr = dh != nullptr ? dh + row * dh_stride : nullptr;
+    const T* __restrict__ dhr = DH ? dh + row * dh_stride : nullptr;
     for (int base = threadIdx.x * VEC; base < N; base += UNROLL * STEP) {
       A xv[UNROLL][VEC], gv[UNROLL][VEC];
 #pragma unroll
@@ -284,7 +286,7 @@ __global__ void __launch_bounds__(BLOCK, 1)
             const A g = w != nullptr ? gv[u][k] * p[k] : gv[u][k];
             xv[u][k] = (g - (xhat * c1 + c2)) * r;
           }
-          add_grad<T, A, VEC>(dhr != nullptr ? dhr + col : nullptr, xv[u]);
+          if constexpr (DH) add_grad<T, A, VEC>(dhr + col, xv[u]);
           store_pack<T, A, VEC>(dxr + col, xv[u]);
         }
       }
