@@ -32,9 +32,10 @@ SM90_BOUNDS_SPILL = 8  # ...and of sm_90's forward launch bounds built for sm_80
 # arch: with w and b given; 16 without one or both)
 STREAM_SPILL = 8
 STREAM_BARE_SPILL = 16
-# ...and of the backward's register rows that add dh (the residual stream's gradient): its loads
-# cost the 16-bit rows' tight registers a few values (a compile-time flag: none without dh)
-DH_SPILL = 64
+# ...and of the norm family's variants (RMSNorm, a residual add, dh), whose extra values cost the
+# stream tier's 32 registers and the backward's 16-bit rows a few; LayerNorm's own variants keep
+# the bounds above (the family's flags are compile-time: without them the code is LayerNorm's)
+FAMILY_SPILL = 64
 
 _REPORT = re.compile(
     r"Compiling entry function '(\w+)' for 'sm_\d+'\n"
@@ -153,7 +154,20 @@ def jagged_variants(x_dtype) -> set:
     return out
 
 
+def family(k) -> bool:
+    """Whether kernel record ``k`` is a norm-family variant (RMS, RES, DH set, or a TR)."""
+    params = C.SIGNATURES[k.name]
+    flags = any(k.arg(p) for p in ("RMS", "RES", "DH") if p in params)
+    return flags or ("TR" in params and k.name != "ln_fwd_add" and k.arg("TR") is not None)
+
+
 def spill_allowed(k, arch: int = 90) -> int:
+    """spill_allowed_ln's bound, or FAMILY_SPILL for the norm family's variants."""
+    own = spill_allowed_ln(k, arch)
+    return max(own, FAMILY_SPILL) if family(k) else own
+
+
+def spill_allowed_ln(k, arch: int = 90) -> int:
     """Bytes of stack frame, spill stores and spill loads kernel record ``k`` may report: the
     backward's register clusters, two rows a thread, spill a value in some shapes, and the
     register rows that copy the next row ahead a value or two (both measured faster than every
@@ -169,8 +183,6 @@ def spill_allowed(k, arch: int = 90) -> int:
             return SM90_BOUNDS_SPILL
     if k.name == "ln_bwd_reg_cluster":
         return BOUNDED_SPILL
-    if k.name in ("ln_bwd_reg", "ln_bwd_reg_cluster") and k.arg("DH"):
-        return max(DH_SPILL, BOUNDED_SPILL if k.name == "ln_bwd_reg_cluster" else 0)
     if k.name == "ln_bwd_reg" and k.arg("AHEAD"):
         return AHEAD_SPILL
     return 0

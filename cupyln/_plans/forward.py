@@ -61,6 +61,7 @@ FWD_LEAN_THREADS = 1536  # ...where their block divides this many threads an SM 
 
 FWD_RES_ITEMS = 4  # with a residual: x's and the residual's packs are in flight at once...
 FWD_RES_THREADS = 768  # ...in 80 registers a thread: at 64, ptxas spills
+FWD_RES_THREADS_FP16 = 512  # ...and float16's widenings in 128: at 80 it spills
 
 # ---------------------------------------------------- register clusters (ln_fwd_reg_cluster)
 FWD_REG_CLUSTER_BLOCK = 512  # rows past one block this size split over a cluster (sm_90)
@@ -249,6 +250,8 @@ def _reg_plan(n, vec, dtypes, shape, values, block_max, sixteen, one_wave, max_c
     in_place = acc == size  # double: centered in the loaded registers
     center = (
         size != 4
+        and not rms  # RMSNorm's y adds the mean back to centered values: a register more
+        and residual is None  # (x's and the residual's packs are in flight besides)
         and centered is not None
         and (in_place or centered[2] <= FWD_CENTER_BLOCK)
         and cdiv(n, centered[0] * vec) == centered[1]  # every slot holds a pack
@@ -261,7 +264,8 @@ def _reg_plan(n, vec, dtypes, shape, values, block_max, sixteen, one_wave, max_c
     else:
         threads = FWD_LEAN_THREADS if lean else FWD_REG_THREADS
     if residual is not None:
-        threads = FWD_RES_THREADS
+        fp16 = "float16" in (dtypes["T"].name, x_dtype.name)
+        threads = FWD_RES_THREADS_FP16 if fp16 else FWD_RES_THREADS
     wide = max(size, dtypes["TW"].itemsize, dtypes["TB"].itemsize) > 4
     minb = 1 if wide else max(1, threads // block)
     whole = min(items, n // (tpr * vec)) if center and acc > size else 0

@@ -265,8 +265,8 @@ struct ColumnSlices {
 // against k_0, gives every block of the cluster bitwise the same mean and m2 (the row's sum of
 // squared deviations), with no E[x^2] - E[x]^2. Returns rs = 1 / sqrt(m2 / n + eps) (RMS:
 // rstd_of's) and off = the row's mean minus `k`, the calling block's shift (RMS: -k, so that
-// x - k - off is x); stores the mean and rs at *mean and *rstd where each is not null (one
-// thread of the cluster passes them). Divisions, once a row: a reciprocal held across the
+// x - k - off is x); stores the mean and rs at *mean and *rstd where mean is not null (RMS: rs
+// where rstd is not null; one thread of the cluster passes them). Divisions, once a row: a reciprocal held across the
 // caller's loop over rows spills some variants.
 template <bool RMS, int C, int VEC, typename A>
 __device__ __forceinline__ void merge_slices(const A* got, const ColumnSlices<C, VEC>& slices,
@@ -287,8 +287,12 @@ __device__ __forceinline__ void merge_slices(const A* got, const ColumnSlices<C,
   }
   rs = rstd_of<RMS>(m2 / A(n), k0 + mu, eps);
   off = RMS ? -k : mu - (k - k0);
-  if (mean != nullptr) *mean = k0 + mu;
-  if (rstd != nullptr) *rstd = rs;
+  if constexpr (RMS) {
+    if (rstd != nullptr) *rstd = rs;
+  } else if (mean != nullptr) {
+    *mean = k0 + mu;
+    *rstd = rs;
+  }
 }
 
 }  // namespace cupyln

@@ -466,6 +466,18 @@ __device__ __forceinline__ A rstd_of(const A var, const A mean, const A eps) {
   return rsqrt_acc(RMS ? var + mean * mean + eps : var + eps);
 }
 
+// Row `row`'s statistics, where stored: LayerNorm's mean m and rstd r where mean is not null (both
+// or neither), RMSNorm's r where rstd is not null.
+template <bool RMS, typename A>
+__device__ __forceinline__ void store_stats(A* mean, A* rstd, const i64 row, const A m, const A r) {
+  if constexpr (RMS) {
+    if (rstd != nullptr) rstd[row] = r;
+  } else if (mean != nullptr) {
+    mean[row] = m;
+    rstd[row] = r;
+  }
+}
+
 // o[k] += dh[k] for the VEC elements at p (a pack): the gradient along the residual stream,
 // added to dx.
 template <typename T, typename A, int VEC>

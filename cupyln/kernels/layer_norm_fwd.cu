@@ -181,10 +181,7 @@ __global__ void __launch_bounds__(BLOCK, MINB)
     }
     const A ss = held_squares(held_x, k, d, held);
     const A r = rstd_of<RMS>(group_sum<TPR, false>(ss, red[1]) * inv_n, shift + mu, eps);
-    if (lane == 0 && rstd != nullptr) {
-      if (mean != nullptr) mean[row] = shift + mu;
-      rstd[row] = r;
-    }
+    if (lane == 0) store_stats<RMS>(mean, rstd, row, shift + mu, r);
     if constexpr (RMS) {  // y = x * rstd * w: the held values less -(shift + mu), or as loaded
       d = CENTER ? -(shift + mu) : A(0);
       k = 0;
@@ -243,7 +240,7 @@ __global__ void CUPYLN_CLUSTER(C) __launch_bounds__(BLOCK, MINB)
   const unsigned rank = cluster_rank();
   const ColumnSlices<C, VEC> slices{N / VEC};
   const int lo = slices.start(rank), nv = slices.start(rank + 1) - lo;  // this block's slice
-  const bool stats = rstd != nullptr && rank == 0 && t == 0;
+  const bool stats = (RMS ? rstd : mean) != nullptr && rank == 0 && t == 0;
   // where the rows read w and b: wr and br, the slice's first element at column base
   const TW* __restrict__ wr = w;
   const TB* __restrict__ br = b;
@@ -290,7 +287,7 @@ __global__ void CUPYLN_CLUSTER(C) __launch_bounds__(BLOCK, MINB)
   auto finish = [&](const int s, const i64 row) {
     A off, rs;  // the row's mean minus this slice's shift, and its rstd
     merge_slices<RMS>(exchange.receive(), slices, N, eps, shift[s], off, rs,
-                      stats && mean != nullptr ? mean + row : nullptr, stats ? rstd + row : nullptr);
+                      stats ? mean + row : nullptr, stats || !RMS ? rstd + row : nullptr);
     T* __restrict__ ys = y + row * N + static_cast<i64>(lo) * VEC;
     if constexpr (STAGE_WB) wait_copies<0>(0);  // (copies pending only at the first row)
 #pragma unroll

@@ -80,10 +80,7 @@ __global__ void __launch_bounds__(BLOCK, 1)
       }
     });
     const A r = rstd_of<RMS>(group_sum<BLOCK, false>(ss, red[1]) * inv_n, shift + mu, eps);
-    if (threadIdx.x == 0 && rstd != nullptr) {
-      if (mean != nullptr) mean[row] = shift + mu;
-      rstd[row] = r;
-    }
+    if (threadIdx.x == 0) store_stats<RMS>(mean, rstd, row, shift + mu, r);
 
     T* __restrict__ yr = y + row * N;
     const A k = RMS ? A(0) : shift, m = RMS ? A(0) : mu;  // y of x - k - m
@@ -126,7 +123,7 @@ __global__ void CUPYLN_CLUSTER(C) __launch_bounds__(BLOCK, 1)
   const A inv_nv = A(1) / A(nv * VEC);
   const i64 row_begin = static_cast<i64>(q) * M / nq;
   const i64 row_end = static_cast<i64>(q + 1) * M / nq;
-  const bool stats = rstd != nullptr && rank == 0 && t == 0;
+  const bool stats = (RMS ? rstd : mean) != nullptr && rank == 0 && t == 0;
   exchange.start();
 
   i64 next = row_begin;  // the next row to stage
@@ -158,7 +155,7 @@ __global__ void CUPYLN_CLUSTER(C) __launch_bounds__(BLOCK, 1)
 
     A off, rs;  // the row's mean minus this slice's shift, and its rstd
     merge_slices<RMS>(exchange.receive(), slices, N, eps, k, off, rs,
-                      stats && mean != nullptr ? mean + row : nullptr, stats ? rstd + row : nullptr);
+                      stats ? mean + row : nullptr, stats || !RMS ? rstd + row : nullptr);
     T* __restrict__ yr = y + row * N + lo * VEC;
     for (int v = t, i = r.wrap(r.head + t); v < nv; v += BLOCK, i = r.wrap(i + BLOCK)) {
       normalize_store<T, TW, TB, A, VEC>(r.slot[i], k, off, rs, w, b, (lo + v) * VEC,

@@ -94,10 +94,14 @@ __global__ void __launch_bounds__(BLOCK, MINB)
 
   const P* __restrict__ xr = reinterpret_cast<const P*>(x + row * x_stride);
   // RES: res's row, and h's, which pass 2 reads in place of x
-  const P* __restrict__ rr = RES ? static_cast<const P*>(res) + row * (res_stride / VEC) : xr;
-  P* const hr = RES ? static_cast<P*>(h) + row * (NR / VEC) : nullptr;
+  const P* __restrict__ rr = nullptr;
+  P* hr = nullptr;
   A k = static_cast<A>(widen(x[row * x_stride]));  // the shift
-  if constexpr (RES) k = widen(narrow<T>(k + static_cast<A>(widen(rr[0].v[0]))));
+  if constexpr (RES) {
+    rr = static_cast<const P*>(res) + row * (res_stride / VEC);
+    hr = static_cast<P*>(h) + row * (NR / VEC);
+    k = widen(narrow<T>(k + static_cast<A>(widen(rr[0].v[0]))));
+  }
   const unsigned long long keep = l2_policy<true>();
   P cur = load_hinted(xr + t, keep), cur_r;
   if constexpr (RES) cur_r = load_hinted(rr + t, keep);
@@ -148,15 +152,18 @@ __global__ void __launch_bounds__(BLOCK, MINB)
   }
   const A r = rstd_of<RMS>(ss * (A(1) / A(NR)), k + mr, eps);
   const A off = RMS ? A(0) : k + mr;  // y of x - off
-  if (t == 0 && rstd != nullptr) {
-    if (mean != nullptr) mean[row] = k + mr;
-    rstd[row] = r;
-  }
+  if (t == 0) store_stats<RMS>(mean, rstd, row, k + mr, r);
 
   T* __restrict__ yr = y + row * NR;
   const unsigned long long drop = l2_policy<false>();
   // x (or h) read for the last time: past L1
-  auto again = [&](const int p) { return RES ? load_own(hr + p, drop) : load_hinted<false>(xr + p, drop); };
+  auto again = [&](const int p) {
+    if constexpr (RES) {
+      return load_own(hr + p, drop);
+    } else {
+      return load_hinted<false>(xr + p, drop);
+    }
+  };
   cur = again(t);
 #pragma unroll(ROLL ? 1 : NCH)
   for (int j = 0; j < NCH; ++j) {
