@@ -82,6 +82,7 @@ FWD_STREAM_THREADS = 2048  # launch bounds' threads an SM (32 registers a thread
 FWD_STREAM_WARP_BLOCK = 256  # rows of a warp run eight to a block
 FWD_STREAM_ROLL_THREADS = 128  # rows of 2 packs over 33 to this many threads loop pass 2
 FWD_STREAM_COHERENT_WB = frozenset({"float16"})  # these dtypes read w, b coherently in pass 2
+FWD_STREAM_RMS_STEPS = 3  # RMSNorm streams at most this many packs a thread (4 spill)
 
 # ------------------------------------------------ staged tiers (ln_fwd_ring, _cluster, _row)
 RING_SPLIT = 3  # ring blocks an SM where a row fits a third of the shared memory...
@@ -173,6 +174,8 @@ def forward_plan(n: int, x_dtype, w_dtype, b_dtype, vec: int, smem_limit: int,
     # 16-bit x, w and b in 16-byte packs on sm_90 (on sm_80 ptxas spills some of their blocks)
     sixteen = wide16 and widest == 2 and max_cluster > 1
     streamed = _stream_shape(n, vec) if stream and sixteen and items == FWD_REG_ITEMS else None
+    if rms and streamed is not None and streamed[1] > FWD_STREAM_RMS_STEPS:
+        streamed = None
     if streamed is not None and not one_wave:
         return _stream_plan(n, vec, dtypes, streamed, affine, rms)
     if sixteen and n >= FWD_LEAN_FROM:
@@ -216,11 +219,13 @@ def _residual_plan(n, x_dtype, w_dtype, b_dtype, vec, smem_limit, max_cluster, i
     h's norm, ``unfused`` (ln_fwd_add writes h first)."""
     r_dtype, h_dtype = residual
     same = x_dtype == r_dtype == h_dtype
+    # the stream tier's shapes as LayerNorm's (FWD_STREAM_RMS_STEPS is RMSNorm's alone: with a
+    # residual, 4 packs a thread stream faster than the register rows)
     plain = forward_plan(n, x_dtype, w_dtype, b_dtype, vec, smem_limit, max_cluster, items,
-                         one_wave, stream and same, affine, rms)  # fmt: skip
+                         one_wave, stream and same, affine)  # fmt: skip
     if plain.tier == "stream":
         k = plain.kernel
-        return replace(plain, kernel=Kernel(k.name, k.args[:-1] + (True,)))
+        return replace(plain, kernel=Kernel(k.name, k.args[:-2] + (rms, True)))
     dtypes = dict(T=x_dtype, TW=w_dtype, TB=b_dtype)
     block_max = REG_BLOCK_MAX  # (1024-thread blocks cap a thread at 64 registers: spills)
     items = min(items, FWD_RES_ITEMS)
