@@ -156,19 +156,21 @@ __global__ void __launch_bounds__(BLOCK, MINB)
 
   T* __restrict__ yr = y + row * NR;
   const unsigned long long drop = l2_policy<false>();
-  // x (or h) read for the last time: past L1
-  auto again = [&](const int p) {
-    if constexpr (RES) {
-      return load_own(hr + p, drop);
-    } else {
-      return load_hinted<false>(xr + p, drop);
-    }
-  };
-  cur = again(t);
+  // x (or h) read for the last time: past L1 (written out at each use: a lambda around the
+  // two loads changed ptxas's allocation of the LayerNorm rows, which spilled)
+  if constexpr (RES) {
+    cur = load_own(hr + t, drop);
+  } else {
+    cur = load_hinted<false>(xr + t, drop);
+  }
 #pragma unroll(ROLL ? 1 : NCH)
   for (int j = 0; j < NCH; ++j) {
     P next;
-    if (j + 1 < NCH && held(j + 1)) next = again((j + 1) * TPR + t);
+    if constexpr (RES) {
+      if (j + 1 < NCH && held(j + 1)) next = load_own(hr + (j + 1) * TPR + t, drop);
+    } else {
+      if (j + 1 < NCH && held(j + 1)) next = load_hinted<false>(xr + (j + 1) * TPR + t, drop);
+    }
     if (!held(j)) break;
     const int col = (j * TPR + t) * VEC;
     A o[VEC];
