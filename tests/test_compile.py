@@ -8,6 +8,7 @@ names, each by a bound.
 """
 
 import re
+from functools import cache
 
 import numpy as np
 import pytest
@@ -44,6 +45,7 @@ _REPORT = re.compile(
 )
 
 
+@cache  # (the parametrized tests share it: planning every variant takes seconds)
 def variants(x_dtype) -> dict:
     """{source file: kernel records} over every width, pack width and shared-memory limit (the
     forward's at both pack counts a thread keeps, the short one in a launch of one wave and of
@@ -96,6 +98,7 @@ def variants(x_dtype) -> dict:
     return {f: sorted(v, key=_compile.expression) for f, v in files.items()}
 
 
+@cache
 def family_variants(x_dtype) -> set:
     """The norm family's kernels: RMSNorm's forward (long launches streaming or not, one
     wave) and backward plans, and the residual add's (h of x's dtype and of float32, with
@@ -136,6 +139,7 @@ def family_variants(x_dtype) -> set:
     return out
 
 
+@cache
 def jagged_variants(x_dtype) -> set:
     """Every jagged kernel role for both offset types and pack widths, with w/b of x's dtype
     and of float32, and every short-kernel shape: forward block and warp groups (16 and 8 warps
