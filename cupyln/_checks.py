@@ -70,8 +70,8 @@ def like(shape, dt, name: str, ref_shape, ref_dt, ref_name: str) -> None:
         raise TypeError(f"{name} must have the dtype of {ref_name} ({ref_dt}); got {dt}")
 
 
-def weight_offset(value) -> float:
-    """weight_offset as a float: a finite real number."""
+def weight_offset(value, has_weight: bool = True) -> float:
+    """weight_offset as a float: a finite real number, nonzero only with a weight."""
     if isinstance(value, bool) or not isinstance(
         value, (int, float, numpy.integer, numpy.floating)
     ):
@@ -79,6 +79,8 @@ def weight_offset(value) -> float:
     value = float(value)
     if not math.isfinite(value):
         raise ValueError(f"weight_offset must be finite; got {value}")
+    if value and not has_weight:
+        raise ValueError("weight_offset needs a weight; got weight=None")
     return value
 
 
@@ -87,7 +89,7 @@ def residual(shape, dt, residual_dtype, x_shape, x_dtype) -> numpy.dtype:
     h's dtype, ``residual_dtype`` (of x's precision too) or the residual's."""
     if tuple(shape) != tuple(x_shape):
         raise ValueError(f"residual must have the shape of x {tuple(x_shape)}; got {tuple(shape)}")
-    h_dtype = bias_dtype(residual_dtype, dt) if residual_dtype is not None else dt
+    h_dtype = dtype_arg(residual_dtype, dt, "residual_dtype")
     for name, d in (("residual", dt), ("residual_dtype", h_dtype)):
         if TABLE[d][1] != TABLE[x_dtype][1]:
             raise TypeError(f"{name} must be of x's precision ({x_dtype}: float64 only with "
@@ -97,6 +99,11 @@ def residual(shape, dt, residual_dtype, x_shape, x_dtype) -> numpy.dtype:
 
 def bias_dtype(value, default) -> numpy.dtype:
     """db's dtype: ``value`` if given (one the kernels take), else ``default``."""
+    return dtype_arg(value, default, "bias_dtype")
+
+
+def dtype_arg(value, default, name: str) -> numpy.dtype:
+    """A dtype argument ``name``: ``value`` if given (one the kernels take), else ``default``."""
     if value is None:
         return default
     try:
@@ -104,7 +111,7 @@ def bias_dtype(value, default) -> numpy.dtype:
     except TypeError:
         dt = value
     if dt not in TABLE:
-        raise TypeError(f"bias_dtype must be one of {', '.join(SUPPORTED_NAMES)}; got {value}")
+        raise TypeError(f"{name} must be one of {', '.join(SUPPORTED_NAMES)}; got {value}")
     return dt
 
 

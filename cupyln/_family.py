@@ -21,15 +21,10 @@ if TYPE_CHECKING:
     from cupy import ndarray
 
 
-def _scale(w, weight_offset: float, acc):
-    """(the array the kernels read as w, its dtype or None): ``w + weight_offset`` in the
-    arithmetic type where an offset is given."""
-    offset = _checks.weight_offset(weight_offset)
-    if w is None:
-        if offset:
-            raise ValueError("weight_offset needs a weight w; got w=None")
-        return None
-    if not offset:
+def _scale(w, offset: float, acc):
+    """The array the kernels read as w (None without one): ``w + offset`` in the arithmetic
+    type where an offset (checked) is given."""
+    if w is None or not offset:
         return aligned_vector(w)
     return w.astype(acc) + acc.type(offset)
 
@@ -43,6 +38,7 @@ def norm_forward(x, w, b, eps, rms: bool, residual, residual_dtype, weight_offse
     if not rms:
         _checks.vector_array(b, "b", n, dev)
     eps = _checks.eps(eps)
+    weight_offset = _checks.weight_offset(weight_offset, w is not None)
     acc = acc_dtype(x.dtype)
     h_dtype = None
     if residual is not None:
@@ -95,6 +91,7 @@ def norm_backward(dy, x, w, mean, rstd, dh, weight_offset, bias_dtype=None, out=
         _checks.array(dh, "dh", dev)
         _checks.like(dh.shape, dh.dtype, "dh", x.shape, x.dtype, "x")
     _checks.vector_array(w, "w", n, dev)
+    weight_offset = _checks.weight_offset(weight_offset, w is not None)
     acc = acc_dtype(x.dtype)
     if acc_dtype(dy.dtype) != acc:
         raise TypeError(f"dy must be of x's precision ({x.dtype}); got {dy.dtype}")

@@ -333,7 +333,7 @@ def _family(x, residual, weight, bias, eps, rms, residual_dtype, weight_offset):
     weight = _check(weight, "weight", n)
     bias = _check(bias, "bias", n)
     eps = _checks.eps(eps)
-    offset = _checks.weight_offset(weight_offset)
+    offset = _checks.weight_offset(weight_offset, weight is not None)
     h_dtype = None
     if residual is not None:
         residual = _check(residual, "residual")
@@ -342,8 +342,6 @@ def _family(x, residual, weight, bias, eps, rms, residual_dtype, weight_offset):
     elif residual_dtype is not None:
         raise ValueError("residual_dtype needs a residual; got residual=None")
     if offset:
-        if weight is None:
-            raise ValueError("weight_offset needs a weight; got weight=None")
         weight = weight.astype(acc_dtype(_dtype(x))) + offset  # dw passes through the add
     for a, name in ((x, "x"), (residual, "residual"), (weight, "weight"), (bias, "bias")):
         _check_device(a, name)

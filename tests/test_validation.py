@@ -109,3 +109,18 @@ class TestOnGpu:
             assert bool(cupy.isnan(dx).all()), f"dx written for {match}"
         with pytest.raises(TypeError, match="bias_dtype must be one of .*; got int64"):
             cupyln.backward(dy, x, w, mean, rstd, bias_dtype="int64")
+
+
+def test_family_checks_name_their_argument():
+    """The norm family's shared checks (CPU: they take shapes, dtypes and numbers)."""
+    from cupyln import _checks
+
+    assert _checks.weight_offset(1) == 1.0 and _checks.weight_offset(0.0, False) == 0.0
+    with pytest.raises(ValueError, match="weight_offset needs a weight; got weight=None"):
+        _checks.weight_offset(1.0, False)
+    f4, f8 = np.dtype("float32"), np.dtype("float64")
+    assert _checks.residual((2, 3), f4, None, (2, 3), f4) == f4
+    with pytest.raises(TypeError, match="residual_dtype must be one of .*; got int8"):
+        _checks.residual((2, 3), f4, "int8", (2, 3), f4)
+    with pytest.raises(TypeError, match="residual_dtype must be of x's precision"):
+        _checks.residual((2, 3), f4, f8, (2, 3), f4)

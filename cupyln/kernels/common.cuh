@@ -441,16 +441,6 @@ template <>
 struct IsVoid<void> {
   static constexpr bool value = true;
 };
-// The element type a kernel normalizes: x's (T), or with a residual (TR not void) h's (TH).
-template <typename T, typename TR, typename TH>
-struct Normalized {
-  typedef TH type;
-};
-template <typename T, typename TH>
-struct Normalized<T, void, TH> {
-  typedef T type;
-};
-
 template <typename A>
 __device__ __forceinline__ A rsqrt_acc(A v);
 template <>

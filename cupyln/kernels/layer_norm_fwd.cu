@@ -115,9 +115,9 @@ template <typename T, typename TW, typename TB, int VEC, int ITEMS, int TPR, int
 __global__ void __launch_bounds__(BLOCK, MINB)
     ln_fwd_reg(CUPYLN_FWD_PARAMS) {
   typedef typename AccOf<T>::type A;
-  typedef typename Normalized<T, TR, TH>::type TI;  // what the row holds: x, or h
-  typedef Pack<TI, VEC> P;
   constexpr bool RES = !IsVoid<TR>::value;
+  typedef typename choose_type<RES, TH, T>::type TI;  // what the row holds: h, or x
+  typedef Pack<TI, VEC> P;
   static_assert(TPR <= 32 ? (32 % TPR == 0 && BLOCK % 32 == 0) : TPR == BLOCK, "bad tiling");
   static_assert(BLOCK % 32 == 0 && BLOCK <= 1024, "bad block");
   constexpr int ROWS = BLOCK / TPR;

@@ -21,17 +21,16 @@ from ._glue import (
     _vector,
     _workspace,
 )
+from ._ops import _eager
 
 _TORCH = {v: k for k, v in _NP.items()}  # NumPy dtype -> torch dtype
 
 
-def _scale(weight, weight_offset: float, acc):
-    """What the kernels read as w: the weight, or weight + weight_offset in ``acc``."""
-    if weight is None:
-        if weight_offset:
-            raise ValueError("weight_offset needs a weight; got weight=None")
-        return None
-    return _vector(weight) if not weight_offset else weight.to(acc) + weight_offset
+def _scale(weight, offset: float, acc):
+    """What the kernels read as w: the weight, or weight + offset (checked) in ``acc``."""
+    if weight is None or not offset:
+        return _vector(weight)
+    return weight.to(acc) + offset
 
 
 def _fwd_impl(x, residual, weight, bias, eps: float, rms: bool, residual_dtype,
@@ -42,7 +41,7 @@ def _fwd_impl(x, residual, weight, bias, eps: float, rms: bool, residual_dtype,
     _check_vector(weight, "weight", x)
     _check_vector(bias, "bias", x)
     eps = _checks.eps(eps)
-    offset = _checks.weight_offset(weight_offset)
+    offset = _checks.weight_offset(weight_offset, weight is not None)
     hdt = None
     if residual is not None:
         _check(residual, "residual", x)
@@ -73,8 +72,6 @@ def _fwd_impl(x, residual, weight, bias, eps: float, rms: bool, residual_dtype,
             None if r2 is None else _NP[r2.dtype], _ptr(h) if hdt is not None else 0, hdt,
             _workspace(index),
         )  # fmt: skip
-    elif weight_offset and weight is None:
-        _scale(weight, offset, acc)  # (raises)
     return y, mean, rstd, h
 
 
@@ -100,7 +97,7 @@ def _bwd_impl(dy, dh, h, weight, mean, rstd, rms: bool, weight_offset: float):
         _check(dh, "grad_h", h)
         _checks.like(dh.shape, dh.dtype, "grad_h", h.shape, h.dtype, "h")
     _check_vector(weight, "weight", h)
-    offset = _checks.weight_offset(weight_offset)
+    offset = _checks.weight_offset(weight_offset, weight is not None)
     n = h.shape[-1]
     wdt = h.dtype if weight is None else weight.dtype
     dx = torch.empty_like(h, memory_format=torch.contiguous_format)
@@ -239,7 +236,7 @@ def norm(x, residual, weight, bias, eps, rms, residual_dtype, weight_offset, nor
         weight = None if weight is None else weight.reshape(n)
         bias = None if bias is None else bias.reshape(n)
     args = (x, residual, weight, bias, eps, rms, residual_dtype, float(weight_offset))
-    if torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active():
+    if not _eager():
         y, _, _, h = _FWD(*args)
     elif torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (x, residual, weight, bias)
