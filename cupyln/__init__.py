@@ -8,7 +8,7 @@ torch and JAX bridges in ``cupyln.torch`` and ``cupyln.jax``.
     dx, dw = cupyln.rms_backward(dy, h, w, rstd, dh=dh)
 """
 
-from ._api import backward, describe, forward, layer_norm
+from ._api import backward, describe, forward, layer_norm, precompile
 from ._family import rms_backward, rms_forward, rms_norm
 from ._jagged import jagged_backward, jagged_forward, jagged_layer_norm
 
@@ -24,5 +24,6 @@ __all__ = [
     "jagged_backward",
     "jagged_layer_norm",
     "describe",
+    "precompile",
     "__version__",
 ]

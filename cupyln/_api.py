@@ -53,6 +53,61 @@ def set_plan_constant(name: str, value):
     return old
 
 
+def emulate(profile: str | None) -> None:
+    """Plan as on the GPU of ``_plans.devices.PROFILES[profile]`` (None: as on the device in
+    use), for the tests and the benchmark; drops every cached plan, kernel and call."""
+    _launcher.emulate(profile)
+    forget_plans()
+
+
+def precompile(
+    n: int,
+    dtype,
+    *,
+    w_dtype=None,
+    b_dtype=None,
+    bias_dtype=None,
+    affine: tuple = (True, True),
+    rms: bool = False,
+    residual_dtype=None,
+    h_dtype=None,
+    backward: bool = True,
+    device: int | None = None,
+) -> int:
+    """Compile ahead every kernel that rows of ``n`` elements of ``dtype`` can take, at any
+    number of rows, so that later calls compile nothing: warm up with it before capturing a
+    CUDA graph (a capture cannot load a module), whatever M the capture uses.
+
+    Covers contiguous rows at 16-byte aligned addresses (what the allocators return); other
+    layouts may need other kernels. Args are the dtypes of a call: ``w_dtype``/``b_dtype``
+    (default ``dtype``; with a ``weight_offset``, float32: the kernels read w + offset),
+    ``bias_dtype`` (db's, default w's), ``affine`` (w given, b given), ``rms`` (RMSNorm),
+    ``residual_dtype`` (a residual add in front: the residual's dtype) and ``h_dtype`` (h's,
+    default the residual's), ``backward`` (the backward's kernels too), ``device`` (default
+    CuPy's current device). Returns the number of kernels, compiled or already there."""
+    x = _checks.dtype_arg(dtype, None, "dtype")
+    if x is None:
+        raise TypeError("dtype must be a dtype; got None")
+    if isinstance(n, bool) or not isinstance(n, (int, numpy.integer)):
+        raise TypeError(f"n must be an int; got {type(n).__name__}")
+    if not 1 <= n <= _checks.MAX_N:
+        raise ValueError(f"n must be in [1, {_checks.MAX_N}]; got {n}")
+    w = _checks.dtype_arg(w_dtype, x, "w_dtype")
+    b = _checks.dtype_arg(b_dtype, x, "b_dtype")
+    db = _checks.dtype_arg(bias_dtype, w, "bias_dtype")
+    residual = None
+    if residual_dtype is not None:
+        r = _checks.dtype_arg(residual_dtype, None, "residual_dtype")
+        residual = (r, _checks.residual((), r, h_dtype, (), x))
+    elif h_dtype is not None:
+        raise ValueError("h_dtype needs a residual_dtype; got residual_dtype=None")
+    dev = _runtime.cupy().cuda.runtime.getDevice() if device is None else int(device)
+    with _runtime.OnDevice(dev):
+        done = _launcher.precompile(dev, int(n), x, w, b, db, tuple(affine), bool(rms), residual,
+                                    bool(backward))  # fmt: skip
+    return len(done)
+
+
 # ------------------------------------------------------------------------------ layout
 def rows(a):
     """(array, row stride in elements) for a CuPy array: rows at one stride are used in place,
@@ -178,7 +233,8 @@ def forward(
         residual: optional array of x's shape: h = x + residual (added in float32, stored in
             ``residual_dtype``, default residual's dtype) is normalized and returned too.
         weight_offset: the scale is w + weight_offset (Gemma's 1 + w); dw is unchanged by it.
-        out: optional (y, mean, rstd) preallocated outputs (C-contiguous; entries may be None).
+        out: optional (y, mean, rstd) preallocated outputs (C-contiguous; entries may be None),
+            sharing no memory with the inputs, but y may be x itself (in place).
 
     Returns:
         (y, mean, rstd): y of x's shape and dtype; mean and rstd of shape x.shape[:-1], float32
@@ -230,7 +286,8 @@ def _forward_checked(x, w, b, eps, out):
     acc = acc_dtype(x.dtype)
     lead = x.shape[:-1]
     specs = ((x.shape, x.dtype), (lead, acc), (lead, acc))
-    outs = _checks.outputs(out, ("y", "mean", "rstd"), specs, dev)
+    inputs = (("x", x), ("w", w), ("b", b))
+    outs = _checks.outputs(out, ("y", "mean", "rstd"), specs, dev, inputs, ("y", "x"))
     m = math.prod(lead)
     wdt = x.dtype if w is None else w.dtype
     bdt = x.dtype if b is None else b.dtype
@@ -301,7 +358,8 @@ def backward(
             residual, of h's dtype, and dy may have y's dtype where h's differs.
         weight_offset: the forward's (the scale is w + weight_offset).
         bias_dtype: dtype of db (default: w's dtype, or x's without w).
-        out: optional (dx, dw, db) preallocated outputs (entries may be None).
+        out: optional (dx, dw, db) preallocated outputs (entries may be None), sharing no
+            memory with each other or with the inputs.
 
     Returns:
         (dx, dw, db): dx like x; dw (w's dtype, None without w) and db (column sum of dy),
@@ -358,7 +416,8 @@ def _backward_checked(dy, x, w, mean, rstd, bias_dtype, out):
     wdt = x.dtype if w is None else w.dtype
     db_dtype = _checks.bias_dtype(bias_dtype, wdt)
     specs = ((x.shape, x.dtype), ((n,), wdt), ((n,), db_dtype))
-    outs = _checks.outputs(out, ("dx", "dw", "db"), specs, dev)
+    inputs = (("dy", dy), ("x", x), ("w", w), ("mean", mean), ("rstd", rstd))
+    outs = _checks.outputs(out, ("dx", "dw", "db"), specs, dev, inputs)
     m = math.prod(lead)
 
     cupy = _runtime.cupy()

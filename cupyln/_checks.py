@@ -161,9 +161,23 @@ def vector_array(a, name: str, n: int, device_id: int) -> None:
         vector(a.shape, name, n)
 
 
-def outputs(out, names, specs, device_id):
+def extent(a) -> tuple[int, int]:
+    """[first, last) bytes of device memory an array's elements span (empty where it has none)."""
+    lo = hi = a.data.ptr
+    if a.size == 0:
+        return lo, lo
+    for d, s in zip(a.shape, a.strides):
+        lo, hi = lo + min(0, (d - 1) * s), hi + max(0, (d - 1) * s)
+    return lo, hi + a.itemsize
+
+
+def outputs(out, names, specs, device_id, inputs=(), in_place=None):
     """None, or a tuple of preallocated outputs (entries may be None): each C-contiguous, of
-    the (shape, dtype) of its spec."""
+    the (shape, dtype) of its spec, and sharing no memory with another output or with any of
+    ``inputs`` ((name, array or None) pairs): some kernels read an input again after writing
+    their outputs. ``in_place``: a pair (output, input) of names where the output may be the
+    input itself (the same memory, shape and strides: the forward's y written over x, each row
+    read whole before its y is written)."""
     if out is None:
         return None
     if not isinstance(out, (tuple, list)) or len(out) != len(names):
@@ -179,4 +193,16 @@ def outputs(out, names, specs, device_id):
             )
         if not a.flags.c_contiguous:
             raise ValueError(f"{name} must be C-contiguous")
+    given = [(name, a) for name, a in zip(names, out) if a is not None]
+    others = given + [(name, a) for name, a in inputs if a is not None]
+    for i, (name, a) in enumerate(given):
+        lo, hi = extent(a)
+        for other, b in others[i + 1 :]:
+            blo, bhi = extent(b)
+            same = (a.data.ptr, a.shape, a.strides) == (b.data.ptr, b.shape, b.strides)
+            if same and (name, other) == in_place:
+                continue
+            if lo < bhi and blo < hi:
+                raise ValueError(f"out's {name} must not overlap {other}: it shares memory "
+                                 f"[{max(lo, blo):#x}, {min(hi, bhi):#x})")  # fmt: skip
     return out

@@ -7,8 +7,9 @@
 * ``function(k, device_id, smem)`` returns the ``cupy.RawKernel`` of one instantiation on a
   device, building one ``cupy.RawModule`` per (device, source hash, options, expression) on
   first use under a lock.
-* ``compile_cubin(kernels, arch)`` compiles with NVRTC directly, without a GPU or driver: the
-  CPU tests build every variant for sm_80/sm_90 with it and read ptxas' report.
+* ``compile_cubin(kernels, arch)`` compiles with NVRTC directly, without a GPU or driver, with
+  the options of the run-time build: the CPU tests build every variant for each supported
+  architecture with it and read ptxas' report.
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ SOURCES = {
 
 #: NVRTC options shared by the run-time build and the CPU compile check (CuPy adds -arch).
 OPTIONS = ("-std=c++17",)
+#: ...and what CuPy adds to every run-time build besides, which the CPU compile check adds too.
+CUPY_OPTIONS = ("-ftz=true",)
 
 _INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]+"([^"]+)"[ \t]*$', re.MULTILINE)
 
@@ -135,7 +138,8 @@ def compile_cubin(kernels, arch: int, verbose: bool = True) -> tuple[bytes, str,
         raise ValueError(f"compile_cubin takes kernels of one source file; got {sorted(files)}")
     (file,) = files
     text, _ = source(file)
-    opts = OPTIONS + (f"-arch=sm_{arch}",) + (("--ptxas-options=-v",) if verbose else ())
+    opts = OPTIONS + CUPY_OPTIONS + (f"-arch=sm_{arch}",)
+    opts += ("--ptxas-options=-v",) if verbose else ()
     prog = nvrtc.createProgram(text, file, (), ())
     try:
         for k in kernels:

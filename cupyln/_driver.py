@@ -138,12 +138,12 @@ def _max_active_clusters_fn():
 def max_active_clusters(kernel, cluster: int, block: int, smem: int):
     """Clusters of ``kernel`` (compiled with ``__cluster_dims__(cluster, 1, 1)``) that the
     device holds at once, from ``cuOccupancyMaxActiveClusters`` (called through ctypes).
-    Clusters must fit one GPC, so this can be less than SMs / cluster. None where the driver
-    library or the call is unavailable."""
+    Clusters must fit one GPC, so this can be less than SMs / cluster, and 0 where none fits.
+    None where the driver library or the call is unavailable, or the call fails."""
     fn = _max_active_clusters_fn()
     if fn is None:
         return None
     config = _LaunchConfig((cluster, 1, 1), (block, 1, 1), smem, None, None, 0)
     count = ctypes.c_int(0)
     err = fn(ctypes.byref(count), ctypes.c_void_p(kernel.kernel.ptr), ctypes.byref(config))
-    return count.value if err == 0 and count.value > 0 else None
+    return count.value if err == 0 else None

@@ -49,7 +49,8 @@ def norm_forward(x, w, b, eps, rms: bool, residual, residual_dtype, weight_offse
     lead = x.shape[:-1]
     names = ("y", "rstd") if rms else ("y", "mean", "rstd")
     specs = ((x.shape, x.dtype),) + ((lead, acc),) * (len(names) - 1)
-    outs = _checks.outputs(out, names, specs, dev)
+    inputs = (("x", x), ("w", w), ("b", None if rms else b), ("residual", residual))
+    outs = _checks.outputs(out, names, specs, dev, inputs, ("y", "x"))
     m = math.prod(lead)
     cupy = _runtime.cupy()
     with _runtime.OnDevice(dev):
@@ -104,7 +105,8 @@ def norm_backward(dy, x, w, mean, rstd, dh, weight_offset, bias_dtype=None, out=
     db_dtype = _checks.bias_dtype(bias_dtype, wdt)
     names = ("dx", "dw") if rms else ("dx", "dw", "db")
     specs = ((x.shape, x.dtype), ((n,), wdt), ((n,), db_dtype))[: len(names)]
-    outs = _checks.outputs(out, names, specs, dev)
+    inputs = (("dy", dy), ("x", x), ("w", w), ("dh", dh)) + stats
+    outs = _checks.outputs(out, names, specs, dev, inputs, ("y", "x"))
     m = math.prod(lead)
     cupy = _runtime.cupy()
     with _runtime.OnDevice(dev):

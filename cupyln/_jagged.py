@@ -8,7 +8,10 @@ values), then scaled and shifted per column by optional w, b of shape [D].
 Offsets are checked on the GPU: a small kernel flags offsets[0] != 0, a decrease, or
 offsets[-1] != total_L, and finds the longest sequence; only its 24-byte verdict comes back to
 the host (one synchronization, not a copy of the offsets). ``check_offsets=False`` skips it (no
-synchronization; for offsets known to be valid, e.g. inside CUDA-graph capture).
+synchronization; for offsets known to be valid, e.g. inside CUDA-graph capture): the kernels then
+read a copy clamped on the GPU into a valid partition (each offset the largest of 0 and those
+before it, at most total_L, the last total_L), so that bad offsets give wrong sequences but
+never an access outside values.
 
 The longest sequence (from the check, else the caller's ``max_seqlen``) decides whether the
 long path's kernels run at all: they are skipped when every sequence fits the short path.
@@ -25,6 +28,7 @@ from ._api import aligned_vector, ptr
 from ._dtypes import INDEX, acc_dtype
 from ._plans import backward as bwd
 from ._plans.common import grid_size, vector_width
+from ._plans.jagged import JAG_CLAMP_BLOCK as CLAMP  # the offsets' clamp
 from ._plans.jagged import JAG_SMALL_BLOCK as SMALL  # the check, partition and expand kernels
 
 if TYPE_CHECKING:
@@ -139,7 +143,9 @@ def jagged_forward(
         max_seqlen: optional bound on the sequence lengths. It sizes the shared memory of the
             short path, and without the offsets check it lets the long path's kernels be
             skipped; a longer sequence is still normalized right, only slower.
-        check_offsets: validate the offsets on the GPU first (one small synchronization).
+        check_offsets: validate the offsets on the GPU first (one small synchronization);
+            False: no synchronization, the kernels read the offsets clamped into a valid
+            partition (right for valid offsets; bad ones never lead outside values).
 
     Returns:
         (y, mean, rstd): y like values; mean and rstd of shape [B], float32 (float64 for
@@ -150,42 +156,68 @@ def jagged_forward(
     cupy = _runtime.cupy()
     with _runtime.OnDevice(dev):
         values, offsets, w, b = _prepare(values, offsets, w, b)
-        stream = _runtime.current_stream()
         y = cupy.empty((total, d), values.dtype)
-        vec = vector_width(values.itemsize, d, (), (values.data.ptr, y.data.ptr))
-        wdt = values.dtype if w is None else w.dtype
-        bdt = values.dtype if b is None else b.dtype
-        longest = max_seqlen
-        if check_offsets:
-            longest = _check_offsets_on_gpu(dev, offsets, nseq, total, stream)
-        k = _launcher.jagged(dev, d, values.dtype, wdt, bdt, offsets.dtype, vec,
-                     _plan_seqlen(max_seqlen, longest))  # fmt: skip
         mean = cupy.empty(nseq, acc)
         rstd = cupy.empty(nseq, acc)
-        if nseq == 0:
-            return y, mean, rstd
-        x_ptr, o_ptr, y_ptr = values.data.ptr, offsets.data.ptr, y.data.ptr
-        m_ptr, r_ptr, w_ptr, b_ptr = mean.data.ptr, rstd.data.ptr, ptr(w), ptr(b)
-        p, groups = k.fwd, k.fwd_groups
-        long_path = _long_path(longest, d, p.cap, total)
-        chunks = -(-total // p.rows) if long_path else 0
-        # scratch: has_long flag, the groups' first sequences, the long path's chunk records
-        # and its sequences' exact means
-        part = cupy.cuda.alloc(16 + 8 * (groups + 1) + (2 * _PART_BYTES * chunks + 8 * nseq
-                                                         if long_path else 0))  # fmt: skip
-        flag, parts = part.ptr, part.ptr + 16
-        recs = parts + 8 * (groups + 1)
-        mean64 = recs + 2 * chunks * _PART_BYTES
-        k("partition", -(-(nseq + 1) // SMALL), stream, o_ptr, nseq, groups, parts, flag)
-        k("fwd_short", k.fwd_blocks, stream, x_ptr, o_ptr, d, y_ptr, w_ptr, b_ptr, m_ptr, r_ptr,
-          eps, p.cap, p.ring, parts, int(long_path), flag)  # fmt: skip
-        if long_path:
-            k("fwd_partial", chunks, stream, x_ptr, o_ptr, nseq, d, p.rows, p.cap, recs, flag)
-            k("fwd_combine", nseq, stream, o_ptr, nseq, d, p.rows, p.cap, recs, m_ptr, r_ptr,
-              mean64, eps, flag)  # fmt: skip
-            k("fwd_apply", chunks, stream, x_ptr, o_ptr, nseq, d, p.rows, p.cap, y_ptr, w_ptr,
-              b_ptr, mean64, r_ptr, flag)  # fmt: skip
+        forward_into(values, offsets, w, b, eps, max_seqlen, check_offsets, y, mean, rstd,
+                     _runtime.pool_workspace)  # fmt: skip
     return y, mean, rstd
+
+
+def _offsets(dev, offsets, nseq, total, check, stream, scratch):
+    """(pointer to the offsets the kernels read, owner, longest sequence or None): the
+    offsets themselves after the host's check (``check``), else their clamp into a valid
+    partition in ``scratch`` memory (no synchronization)."""
+    if check:
+        return offsets.data.ptr, None, _check_offsets_on_gpu(dev, offsets, nseq, total, stream)
+    o_ptr, owner = scratch((nseq + 1) * offsets.itemsize)
+    _launcher.jagged_clamp(dev, offsets.dtype)(1, CLAMP, 0, stream, offsets.data.ptr, nseq,
+                                               total, o_ptr)  # fmt: skip
+    return o_ptr, owner, None
+
+
+def forward_into(values, offsets, w, b, eps, max_seqlen, check, y, mean, rstd, scratch,
+                 shape_by_check=True):  # fmt: skip
+    """The forward's launches on checked, contiguous arguments (w, b aligned or None) into y,
+    mean and rstd, on CuPy's current stream of the current device, with scratch memory from
+    ``scratch(nbytes)`` -> (address, owner) (as the dense backward's workspace).
+    ``shape_by_check``: plan the kernels for the longest sequence the check found (else for
+    ``max_seqlen`` alone: the same kernels whether the check runs or not)."""
+    total, d = values.shape
+    nseq = offsets.shape[0] - 1
+    dev = values.data.device_id
+    stream = _runtime.current_stream()
+    vec = vector_width(values.itemsize, d, (), (values.data.ptr, y.data.ptr))
+    wdt = values.dtype if w is None else w.dtype
+    bdt = values.dtype if b is None else b.dtype
+    o_ptr, o_owner, longest = _offsets(dev, offsets, nseq, total, check, stream, scratch)
+    longest = max_seqlen if longest is None else longest
+    seqlen = _plan_seqlen(max_seqlen, longest if shape_by_check else None)
+    k = _launcher.jagged(dev, d, values.dtype, wdt, bdt, offsets.dtype, vec, seqlen)
+    if nseq == 0:
+        return
+    x_ptr, y_ptr = values.data.ptr, y.data.ptr
+    m_ptr, r_ptr, w_ptr, b_ptr = mean.data.ptr, rstd.data.ptr, ptr(w), ptr(b)
+    p, groups = k.fwd, k.fwd_groups
+    long_path = _long_path(longest, d, p.cap, total)
+    chunks = -(-total // p.rows) if long_path else 0
+    # scratch: has_long flag, the groups' first sequences, the long path's chunk records and
+    # its sequences' exact means
+    part, owner = scratch(16 + 8 * (groups + 1) + (2 * _PART_BYTES * chunks + 8 * nseq
+                                                    if long_path else 0))  # fmt: skip
+    flag, parts = part, part + 16
+    recs = parts + 8 * (groups + 1)
+    mean64 = recs + 2 * chunks * _PART_BYTES
+    k("partition", -(-(nseq + 1) // SMALL), stream, o_ptr, nseq, groups, parts, flag)
+    k("fwd_short", k.fwd_blocks, stream, x_ptr, o_ptr, d, y_ptr, w_ptr, b_ptr, m_ptr, r_ptr,
+      eps, p.cap, p.ring, parts, int(long_path), flag)  # fmt: skip
+    if long_path:
+        k("fwd_partial", chunks, stream, x_ptr, o_ptr, nseq, d, p.rows, p.cap, recs, flag)
+        k("fwd_combine", nseq, stream, o_ptr, nseq, d, p.rows, p.cap, recs, m_ptr, r_ptr,
+          mean64, eps, flag)  # fmt: skip
+        k("fwd_apply", chunks, stream, x_ptr, o_ptr, nseq, d, p.rows, p.cap, y_ptr, w_ptr,
+          b_ptr, mean64, r_ptr, flag)  # fmt: skip
+    del owner, o_owner  # back to their allocator once the launches are enqueued
 
 
 def jagged_layer_norm(values: ndarray, offsets: ndarray, eps: float = 1e-6, **kwargs) -> ndarray:
@@ -234,53 +266,77 @@ def jagged_backward(
         dy = cupy.ascontiguousarray(dy)
         mean = cupy.ascontiguousarray(mean)
         rstd = cupy.ascontiguousarray(rstd)
-        stream = _runtime.current_stream()
         dx = cupy.empty((total, d), values.dtype)
         dw = None if w is None else cupy.empty(d, wdt)
         db = cupy.empty(d, db_dtype)
-        ptrs = (values.data.ptr, dy.data.ptr, dx.data.ptr)
-        vec = vector_width(values.itemsize, d, (), ptrs)
-        longest = None  # the backward has no slow walk: only the check may skip the long path
-        if check_offsets:
-            longest = _check_offsets_on_gpu(dev, offsets, nseq, total, stream)
-        k = _launcher.jagged(dev, d, values.dtype, wdt, db_dtype, offsets.dtype, vec,
-                     _plan_seqlen(max_seqlen, longest))  # fmt: skip
-        if total == 0:
-            db.fill(0)
-            if dw is not None:
-                dw.fill(0)
-            return dx, dw, db
-        x_ptr, g_ptr, dx_ptr = ptrs
-        o_ptr, w_ptr, m_ptr, r_ptr = offsets.data.ptr, ptr(w), mean.data.ptr, rstd.data.ptr
-        p = k.bwd
-        long_path = _long_path(longest, d, p.cap, total)
-        chunks = -(-total // p.rows) if long_path else 0
-        part = cupy.cuda.alloc(16 + 2 * chunks * _PART_BYTES)
-        flag, recs = part.ptr, part.ptr + 16
-        if long_path:  # else no sequence is long and the short kernel never writes the flag
-            cupy.cuda.runtime.memsetAsync(flag, 0, 4, stream)
-        k("bwd_short", nseq, stream, g_ptr, x_ptr, o_ptr, nseq, d, w_ptr, m_ptr, r_ptr, dx_ptr,
-          p.cap, flag)  # fmt: skip
-        if long_path:
-            coef = cupy.empty((2, nseq), acc)
-            c1, c2 = coef.data.ptr, coef.data.ptr + nseq * acc.itemsize
-            k("bwd_partial", chunks, stream, g_ptr, x_ptr, o_ptr, nseq, d, p.rows, p.cap, w_ptr,
-              m_ptr, r_ptr, recs, flag)  # fmt: skip
-            k("bwd_combine", nseq, stream, o_ptr, nseq, d, p.rows, p.cap, recs, c1, c2, 0, 0.0,
-              flag)  # fmt: skip
-            k("bwd_apply", chunks, stream, g_ptr, x_ptr, o_ptr, nseq, d, p.rows, p.cap, w_ptr,
-              m_ptr, r_ptr, c1, c2, dx_ptr, flag)  # fmt: skip
-        # dw/db: column sums over all rows, with each row's sequence statistics
-        rows = cupy.empty((2, total), acc)
-        rm, rr = rows.data.ptr, rows.data.ptr + total * acc.itemsize
-        k("expand", -(-total // SMALL), stream, o_ptr, nseq, m_ptr, r_ptr, rm, rr)
-        g, per = bwd.dwdb_slices(total, d, k.sm_count)
-        part = cupy.empty((2, g, d), acc)
-        dw_part = part.data.ptr if w is not None else 0
-        db_part = part.data.ptr + g * d * acc.itemsize
-        # the dense backward's column kernel (BwdArgs: no w, no dx, 1 / N unused)
-        k.cols((-(-d // 32), g), bwd.REDUCE_BLOCK, 0, stream, g_ptr, d, x_ptr, d, 0, rm, rr, 0,
-               dw_part, db_part, total, d, 0.0, per, 0, 0)  # fmt: skip
-        red, red_grid, red_block = _launcher.partial_reduce(dev, d, *k.dtypes, g)
-        red(red_grid, red_block, 0, stream, dw_part, db_part, g, d, ptr(dw), db.data.ptr)
+        backward_into(dy, values, offsets, w, mean, rstd, max_seqlen, check_offsets, dx, dw, db,
+                      _runtime.pool_workspace)  # fmt: skip
     return dx, dw, db
+
+
+def backward_into(dy, values, offsets, w, mean, rstd, max_seqlen, check, dx, dw, db, scratch,
+                  shape_by_check=True):  # fmt: skip
+    """The backward's launches on checked, contiguous arguments into dx, dw (None without w)
+    and db; the rest as forward_into."""
+    total, d = values.shape
+    nseq = offsets.shape[0] - 1
+    dev = values.data.device_id
+    acc = acc_dtype(values.dtype)
+    stream = _runtime.current_stream()
+    wdt = values.dtype if w is None else w.dtype
+    ptrs = (values.data.ptr, dy.data.ptr, dx.data.ptr)
+    vec = vector_width(values.itemsize, d, (), ptrs)
+    # the backward has no slow walk: only the check may skip the long path
+    o_ptr, o_owner, longest = _offsets(dev, offsets, nseq, total, check, stream, scratch)
+    seqlen = _plan_seqlen(max_seqlen, longest if shape_by_check else None)
+    k = _launcher.jagged(dev, d, values.dtype, wdt, db.dtype, offsets.dtype, vec, seqlen)
+    rt = _runtime.cupy().cuda.runtime
+    if total == 0:
+        for a in (dw, db):
+            if a is not None:
+                rt.memsetAsync(a.data.ptr, 0, a.nbytes, stream)
+        return
+    x_ptr, g_ptr, dx_ptr = ptrs
+    w_ptr, m_ptr, r_ptr = ptr(w), mean.data.ptr, rstd.data.ptr
+    p = k.bwd
+    long_path = _long_path(longest, d, p.cap, total)
+    chunks = -(-total // p.rows) if long_path else 0
+    g, per = bwd.dwdb_slices(total, d, k.sm_count)
+    esz = acc.itemsize
+    # scratch: has_long flag, chunk records, the long path's coefficients, per-row statistics,
+    # the dw/db partial rows
+    sizes = (16, 2 * chunks * _PART_BYTES, 2 * nseq * esz, 2 * total * esz, 2 * g * d * esz)
+    base, owner = scratch(sum(-(-n // 16) * 16 for n in sizes))
+    flag, recs, coef, rows, part = _carve(base, sizes)
+    if long_path:  # else no sequence is long and the short kernel never writes the flag
+        rt.memsetAsync(flag, 0, 4, stream)
+    k("bwd_short", nseq, stream, g_ptr, x_ptr, o_ptr, nseq, d, w_ptr, m_ptr, r_ptr, dx_ptr,
+      p.cap, flag)  # fmt: skip
+    if long_path:
+        c1, c2 = coef, coef + nseq * esz
+        k("bwd_partial", chunks, stream, g_ptr, x_ptr, o_ptr, nseq, d, p.rows, p.cap, w_ptr,
+          m_ptr, r_ptr, recs, flag)  # fmt: skip
+        k("bwd_combine", nseq, stream, o_ptr, nseq, d, p.rows, p.cap, recs, c1, c2, 0, 0.0,
+          flag)  # fmt: skip
+        k("bwd_apply", chunks, stream, g_ptr, x_ptr, o_ptr, nseq, d, p.rows, p.cap, w_ptr,
+          m_ptr, r_ptr, c1, c2, dx_ptr, flag)  # fmt: skip
+    # dw/db: column sums over all rows, with each row's sequence statistics
+    rm, rr = rows, rows + total * esz
+    k("expand", -(-total // SMALL), stream, o_ptr, nseq, m_ptr, r_ptr, rm, rr)
+    dw_part = part if w is not None else 0
+    db_part = part + g * d * esz
+    # the dense backward's column kernel (BwdArgs: no w, no dx, 1 / N unused)
+    k.cols((-(-d // 32), g), bwd.REDUCE_BLOCK, 0, stream, g_ptr, d, x_ptr, d, 0, rm, rr, 0,
+           dw_part, db_part, total, d, 0.0, per, 0, 0)  # fmt: skip
+    red, red_grid, red_block = _launcher.partial_reduce(dev, d, *k.dtypes, g)
+    red(red_grid, red_block, 0, stream, dw_part, db_part, g, d, ptr(dw), db.data.ptr)
+    del owner, o_owner  # back to their allocator once the launches are enqueued
+
+
+def _carve(base: int, sizes) -> list:
+    """Addresses of consecutive 16-byte aligned pieces of ``sizes`` bytes from ``base``."""
+    out = []
+    for n in sizes:
+        out.append(base)
+        base += -(-n // 16) * 16
+    return out

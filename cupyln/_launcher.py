@@ -22,7 +22,8 @@ from ._dtypes import acc_dtype
 from ._plans import backward as bwd
 from ._plans import forward as fwd
 from ._plans import jagged as jag
-from ._plans.common import MAX_CLUSTER, grid_size, vector_width
+from ._plans.common import grid_size, vector_width
+from ._plans.devices import PROFILES, Device, unsupported
 
 # The parameter lists' formats (``struct`` module codes, laid out as C lays out parameters): Q
 # a pointer, q an i64, i an int, {a} the arithmetic type (f: float, d: double).
@@ -41,56 +42,98 @@ def _fmt(layout: str, x_dtype) -> str:
 
 
 # ------------------------------------------------------------------------ device and kernels
-class Device(NamedTuple):
-    sm_count: int
-    smem_optin: int
-    max_cluster: int  # blocks per thread-block cluster the kernels may use (1: no clusters)
-    dram_per_sm: float  # peak DRAM bytes per second an SM (0: not reported)
+# cudaDeviceAttr values (the CUDA runtime's enum) of what the plans read
+_ATTRS = dict(sm_count=16, smem_block=97, smem_sm=81, l2_bytes=38, threads_sm=39,
+              memory_khz=36, bus_bits=37, clusters=120)  # fmt: skip
 
-
-MIN_ARCH = 80  # the kernels use cp.async and bf16 conversions: Ampere (sm_80) and newer
+_emulated: list = []  # [profile name] while emulate() holds one
 
 
 def check_arch(name: str, arch: int) -> None:
-    """Refuse a GPU older than MIN_ARCH, by name."""
-    if arch < MIN_ARCH:
-        raise RuntimeError(
-            f"cupyln needs an NVIDIA GPU of compute capability {MIN_ARCH // 10}.{MIN_ARCH % 10} "
-            f"(Ampere) or newer; {name} is sm_{arch}"
-        )
+    """Refuse a GPU older than MIN_ARCH, by name, before anything is compiled for it."""
+    why = unsupported(name, arch)
+    if why is not None:
+        raise RuntimeError(why)
 
 
 @cache
 def device(device_id: int) -> Device:
+    """The device as the plans see it, read off its attributes (or the profile ``emulate``
+    holds, where the device can run its plans)."""
     cp = _runtime.cupy()
-    d = cp.cuda.Device(device_id)
-    arch = int(d.compute_capability)
-    check_arch(cp.cuda.runtime.getDeviceProperties(device_id)["name"].decode(), arch)
-    attrs = d.attributes
-    clusters = MAX_CLUSTER if arch >= 90 else 1
-    sms = attrs["MultiProcessorCount"]
+    rt = cp.cuda.runtime
+    arch = int(cp.cuda.Device(device_id).compute_capability)
+    name = rt.getDeviceProperties(device_id)["name"].decode()
+    check_arch(name, arch)
+
+    def attr(key: str) -> int:
+        try:
+            return rt.deviceGetAttribute(_ATTRS[key], device_id)
+        except rt.CUDARuntimeError:  # not known to this driver
+            return 0
+
     # double data rate: 2 transfers a memory clock (kHz) over the bus (bits)
-    dram = 2e3 * attrs.get("MemoryClockRate", 0) * attrs.get("GlobalMemoryBusWidth", 0) / 8
-    return Device(sms, attrs["MaxSharedMemoryPerBlockOptin"], clusters, dram / sms)
+    dram = 2e3 * attr("memory_khz") * attr("bus_bits") / 8
+    keys = ("sm_count", "smem_block", "smem_sm", "l2_bytes", "threads_sm")
+    own = Device(name, arch, *(attr(k) for k in keys), arch >= 90 and attr("clusters") > 0, dram)
+    if not _emulated:
+        return own
+    profile = PROFILES[_emulated[0]]
+    if profile.smem_block > own.smem_block or (profile.clusters and not own.clusters):
+        raise RuntimeError(f"{name} cannot run the plans of {profile.name}: they take more "
+                           "shared memory a block or clusters it lacks")  # fmt: skip
+    return profile
+
+
+def emulate(profile: str | None) -> None:
+    """Plan as on the GPU of ``PROFILES[profile]`` from now on (None: as on the device itself),
+    for the tests and the benchmark: the kernels still compile for the device in use and run
+    on it. Drops every cached plan."""
+    if profile is not None and profile not in PROFILES:
+        raise ValueError(f"profile must be one of {sorted(PROFILES)}; got {profile!r}")
+    _emulated[:] = [] if profile is None else [profile]
+    device.cache_clear()
+    forget_plans()
+
+
+def emulated() -> str | None:
+    """The profile ``emulate`` holds, or None."""
+    return _emulated[0] if _emulated else None
 
 
 def function(k, device_id: int, smem: int):
     """The compiled kernel of record ``k``; kernels that take dynamic shared memory get the
-    device's opt-in limit."""
-    limit = device(device_id).smem_optin if smem else 0
-    return _compile.function(k, device_id, limit)
+    device's opt-in limit. (Reading the device first refuses one older than MIN_ARCH before
+    anything compiles.)"""
+    limit = device(device_id).smem_block
+    return _compile.function(k, device_id, limit if smem else 0)
 
 
 def capacity(f, block: int, smem: int, device_id: int, cluster: int = 1) -> int:
     """Resident blocks of compiled kernel ``f`` on the whole device (a persistent grid's size);
-    for a kernel of thread-block clusters, resident clusters."""
+    for a kernel of thread-block clusters, resident clusters: 0 where the driver reports that
+    none fits (SMs / cluster where the driver cannot tell)."""
     from cupy_backends.cuda.api import driver
 
     sms = device(device_id).sm_count
     if cluster > 1:
-        return max_active_clusters(f, cluster, block, smem) or max(1, sms // cluster)
+        clusters = max_active_clusters(f, cluster, block, smem)
+        return max(1, sms // cluster) if clusters is None else clusters
     per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(f.kernel.ptr, block, smem)
     return max(1, per_sm) * sms
+
+
+def _placed(device_id: int, make):
+    """(plan, compiled kernel, resident blocks) of ``make(max_cluster)``: the plan at the
+    device's largest cluster, or the plan without clusters where none of its clusters fits."""
+    plan = make(device(device_id).max_cluster)
+    f = function(plan.kernel, device_id, plan.smem)
+    cap = capacity(f, plan.block, plan.smem, device_id, plan.cluster)
+    if cap == 0:
+        plan = make(1)
+        f = function(plan.kernel, device_id, plan.smem)
+        cap = capacity(f, plan.block, plan.smem, device_id)
+    return plan, f, cap
 
 
 # ------------------------------------------------------------------------------ forward
@@ -101,11 +144,13 @@ def forward_launch(device_id, m, n, x_dtype, w_dtype, b_dtype, vec, affine=(True
     ``affine``: (w given, b given); ``rms``: RMSNorm; ``residual``: (residual dtype, h dtype)
     of a residual add in front, or None."""
     dev = device(device_id)
-    limits = (dev.smem_optin, dev.max_cluster, dev.sm_count, dev.dram_per_sm)
-    plan = fwd.forward_launch_plan(m, n, x_dtype, w_dtype, b_dtype, vec, *limits, affine, rms,
-                                   residual)  # fmt: skip
-    f = function(plan.kernel, device_id, plan.smem)
-    cap = capacity(f, plan.block, plan.smem, device_id, plan.cluster)
+
+    def make(max_cluster):
+        return fwd.forward_launch_plan(m, n, x_dtype, w_dtype, b_dtype, vec, dev.smem_block,
+                                       max_cluster, dev.sm_count, dev.dram_per_sm, affine, rms,
+                                       residual, dev.threads_sm)  # fmt: skip
+
+    plan, f, cap = _placed(device_id, make)
     launcher = _forward_launcher(f, plan.kernel.arg("T"))
     return launcher, plan, cap, fwd.forward_grid(m, plan, cap)
 
@@ -196,8 +241,8 @@ def partial_reduce(device_id, n, x_dtype, w_dtype, db_dtype, slices):
     columns: at most the blocks the device holds at once, each walking column chunks."""
     dev = device(device_id)
     k, cols, y = bwd.reduce_kernel(n, slices, dev.sm_count, x_dtype, w_dtype, db_dtype)
-    # sm_90, and a driver that also captures such launches into CUDA graphs (12.3)
-    after = bwd.REDUCE_AFTER_PRIOR and dev.max_cluster > 1 and _runtime.driver_version() >= 12030
+    # sm_90 and newer, and a driver that also captures such launches into CUDA graphs (12.3)
+    after = bwd.REDUCE_AFTER_PRIOR and dev.arch >= 90 and _runtime.driver_version() >= 12030
     f = function(k, device_id, 0)
     grid = min(-(-n // cols), capacity(f, 32 * y, 0, device_id))
     return Launcher(f, REDUCE_ARGS, after), grid, (32, y)
@@ -207,14 +252,13 @@ def partial_reduce(device_id, n, x_dtype, w_dtype, db_dtype, slices):
 def _backward_kernels(device_id, n, x_dtype, w_dtype, vec, short=False, rms=False, dh=False):
     """(launcher, plan, resident blocks, column launcher or None) of the backward's plan for
     rows of N (``short``: bwd.backward_short; ``rms``: RMSNorm's; ``dh``: dh added to dx)."""
-    dev = device(device_id)
-    plan = bwd.backward_plan(n, x_dtype, w_dtype, vec, dev.smem_optin, dev.max_cluster, short,
-                             rms, dh)  # fmt: skip
-    f = function(plan.kernel, device_id, plan.smem)
-    cols = None
-    if plan.tier == "row":
-        cols = dwdb_cols(device_id, x_dtype, rms)
-    cap = capacity(f, plan.block, plan.smem, device_id, plan.cluster)
+    smem = device(device_id).smem_block
+
+    def make(max_cluster):
+        return bwd.backward_plan(n, x_dtype, w_dtype, vec, smem, max_cluster, short, rms, dh)
+
+    plan, f, cap = _placed(device_id, make)
+    cols = dwdb_cols(device_id, x_dtype, rms) if plan.tier == "row" else None
     return Launcher(f, _fmt(BWD_ARGS, x_dtype)), plan, cap, cols
 
 
@@ -285,11 +329,69 @@ def launch_backward(dev, m, n, dy_ptr, dy_stride, x_ptr, x_stride, x_dtype, w_pt
     del owner  # back to its allocator, reusable by later work on this stream only
 
 
+def precompile(device_id, n, x_dtype, w_dtype, b_dtype, db_dtype, affine=(True, True),
+               rms=False, residual=None, backward=True) -> set:  # fmt: skip
+    """Compile every kernel that rows of N (contiguous, pointers 16-byte aligned) can take at
+    any M, forward and (``backward``) backward, so that no later call compiles: a CUDA-graph
+    capture cannot load a module. ``residual``: (residual dtype, h dtype) or None; the
+    backward of a residual is the one of h, with and without dh. Returns the kernel records."""
+    dev = device(device_id)
+    problem = (n, x_dtype, w_dtype, b_dtype, db_dtype, affine, rms, residual, backward)
+    done = set()
+    for max_cluster in (dev.max_cluster, 1):
+        fits = True
+        for item in _ahead(dev, max_cluster, *problem):
+            if not hasattr(item, "kernel"):  # a kernel record of its own, no shared memory
+                function(item, device_id, 0)
+                done.add(item)
+                continue
+            f = function(item.kernel, device_id, item.smem)
+            done.add(item.kernel)
+            if item.cluster > 1:
+                fits = fits and capacity(f, item.block, item.smem, device_id, item.cluster) > 0
+        if fits:  # else the launches that find no cluster fitting take the plans without
+            break
+    return done
+
+
+def _ahead(dev, max_cluster, n, x_dtype, w_dtype, b_dtype, db_dtype, affine, rms, residual,
+           backward) -> set:  # fmt: skip
+    """precompile's plans and kernel records at clusters of up to ``max_cluster`` blocks."""
+    out = set()
+
+    def forward(x, res):
+        widest = max([x.itemsize] + [d.itemsize for d in res or ()])
+        vec = vector_width(widest, n, (n,))
+        for p in fwd.forward_launch_plans(n, x, w_dtype, b_dtype, vec, dev.smem_block,
+                                          max_cluster, dev.dram_per_sm, affine, rms, res,
+                                          dev.threads_sm):  # fmt: skip
+            out.add(p)
+            if p.unfused:  # ln_fwd_add, its cast, then the norm of h as a problem of its own
+                out.add(fwd.add_kernel(x, *res, vec))
+                out.add(fwd.add_kernel(res[1], None, x, vec))
+                forward(res[1], None)
+
+    forward(x_dtype, residual)
+    if not backward:
+        return out
+    h = x_dtype if residual is None else residual[1]
+    vec = vector_width(h.itemsize, n, (n,))
+    for short in (False, True):
+        for dh in {False, residual is not None}:
+            p = bwd.backward_plan(n, h, w_dtype, vec, dev.smem_block, max_cluster, short, rms, dh)
+            out.add(p)
+            if p.tier == "row":
+                out.add(bwd.dwdb_cols_kernel(h, rms))
+    for slices in (1, bwd.PARTIAL_REDUCE_FEW):
+        out.add(bwd.reduce_kernel(n, slices, dev.sm_count, h, w_dtype, db_dtype)[0])
+    return out
+
+
 def forget_plans() -> None:
     """Drop every cached plan, kernel and launch (after a plan constant changes: the tests and
     tuning scripts)."""
     for fn in (forward_launch, add_launch, _backward_kernels, backward_launch, partial_reduce,
-               jagged):  # fmt: skip
+               jagged, jagged_check, jagged_clamp, dwdb_cols):  # fmt: skip
         fn.cache_clear()
     _pointer_forwards.clear()
 
@@ -309,7 +411,7 @@ JAGGED_ARGS = {
     "bwd_apply": "QQQqiqqQQQQQQQ",  # dy, x, off, B, D, R, cap, w, mean, rstd, c1, c2, dx
     "expand": "QqQQQQ",  # off, B, mean, rstd, row_mean, row_rstd
 }
-JAGGED_CHECK_ARGS = "QqqQ"  # off, B, total, flags
+JAGGED_CHECK_ARGS = "QqqQ"  # off, B, total, flags (the clamp: off, B, total, out)
 
 
 class JaggedKernels:
@@ -318,8 +420,8 @@ class JaggedKernels:
 
     def __init__(self, dev, d, x_dtype, w_dtype, b_dtype, o_dtype, vec, max_seqlen):
         info = device(dev)
-        self.fwd = jag.jagged_plan(d, x_dtype, vec, info.smem_optin, max_seqlen, False)
-        self.bwd = jag.jagged_plan(d, x_dtype, vec, info.smem_optin, max_seqlen, True)
+        self.fwd = jag.jagged_plan(d, x_dtype, vec, info.smem_block, max_seqlen, False)
+        self.bwd = jag.jagged_plan(d, x_dtype, vec, info.smem_block, max_seqlen, True)
         kernels = jag.jagged_kernels(x_dtype, w_dtype, b_dtype, o_dtype, vec, self.fwd, self.bwd)
         self.launch, self.capacity = {}, {}
         for role, (k, block, smem) in kernels.items():
@@ -341,6 +443,12 @@ class JaggedKernels:
 @lru_cache(maxsize=1024)
 def jagged(dev, d, x_dtype, w_dtype, b_dtype, o_dtype, vec, max_seqlen) -> JaggedKernels:
     return JaggedKernels(dev, d, x_dtype, w_dtype, b_dtype, o_dtype, vec, max_seqlen)
+
+
+@lru_cache(maxsize=64)
+def jagged_clamp(dev, o_dtype) -> Launcher:
+    """The offsets' clamp (one block of jag.JAG_CLAMP_BLOCK threads)."""
+    return Launcher(function(jag.clamp_kernel(o_dtype), dev, 0), JAGGED_CHECK_ARGS)
 
 
 @lru_cache(maxsize=64)

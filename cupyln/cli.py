@@ -10,6 +10,8 @@ import math
 import os
 import sys
 
+from ._plans.devices import PROFILES
+
 
 def _gpu_count() -> tuple[int, str]:
     """(number of CUDA devices, why none when 0)."""
@@ -51,7 +53,21 @@ def cmd_info(_args) -> int:
             f"{p['multiProcessorCount']} SMs  {p['totalGlobalMem'] / 2**30:.0f} GiB  "
             f"L2 {p['l2CacheSize'] / 2**20:.0f} MiB"
         )
+        print(f"       {_plans_read(i)}")
     return 0
+
+
+def _plans_read(index: int) -> str:
+    """What cupyln's plans read of GPU ``index``, or why it cannot run them."""
+    from cupyln import _launcher
+
+    try:
+        d = _launcher.device(index)
+    except RuntimeError as e:
+        return str(e)
+    return (f"plans read: {d.smem_block // 1024} KB shared memory a block, {d.smem_sm // 1024} "
+            f"KB an SM, {d.threads_sm} threads an SM, clusters: {'yes' if d.clusters else 'no'}, "
+            f"DRAM {d.dram / 1e9:.0f} GB/s")  # fmt: skip
 
 
 # (label, shape, x dtype, w dtype, b dtype): odd widths, mixed dtypes, the tiers' edges
@@ -219,6 +235,11 @@ def cmd_bench(args) -> int:
                   f"{ms:.2f} ms")  # fmt: skip
         return 0
     ns = tuple(int(v) for v in args.n.split(",")) if args.n else bench.DEFAULT_NS
+    if args.emulate:
+        from cupyln import _api
+
+        _api.emulate(args.emulate)
+        print(f"plans as on {PROFILES[args.emulate].name}, run on this GPU", flush=True)
 
     directions = bench.DIRECTIONS if args.direction == "both" else (args.direction,)
 
@@ -346,6 +367,11 @@ def main(argv=None) -> int:
     b.add_argument("--train", action="store_true", help="training step time, torch vs cupyln")
     b.add_argument("--jax", action="store_true", help="jitted cupyln.jax against pure JAX")
     b.add_argument("-v", "--verbose", action="store_true", help="show each width's kernels")
+    b.add_argument(
+        "--emulate",
+        choices=sorted(PROFILES),
+        help="cupyln plans as on this GPU (its SMs, shared memory, clusters), run on this one",
+    )
     b.add_argument("--csv", default="", help="write the rows to this CSV file")
     b.add_argument("--json", default="", help="write copy bandwidth and rows to this JSON file")
     b.add_argument("--plot", default="", help="write a PNG of GB/s against N (matplotlib)")

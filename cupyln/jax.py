@@ -41,7 +41,7 @@ import numpy
 from . import _checks, _launcher, _runtime
 from ._dtypes import acc_dtype
 
-__all__ = ["layer_norm", "rms_norm", "add_rms_norm", "add_layer_norm"]
+__all__ = ["layer_norm", "rms_norm", "add_rms_norm", "add_layer_norm", "precompile"]
 
 
 # ------------------------------------------------------------------ inside the callbacks
@@ -374,3 +374,17 @@ def add_layer_norm(x: jax.Array, residual: jax.Array, weight: jax.Array | None =
                    weight_offset: float = 0.0) -> tuple[jax.Array, jax.Array]:  # fmt: skip
     """``(y, h)`` as ``add_rms_norm``, y = layer_norm(h)."""
     return _family(x, residual, weight, bias, eps, False, residual_dtype, weight_offset)
+
+
+def precompile(n: int, dtype, *, device: jax.Device | None = None, **kwargs) -> int:
+    """Compile ahead every kernel that rows of ``n`` elements of ``dtype`` (a JAX or NumPy
+    dtype) can take at any number of rows, on a JAX GPU ``device`` (default: the first GPU):
+    ``cupyln.precompile`` with its keywords (``w_dtype``, ``b_dtype``, ``rms``,
+    ``residual_dtype``...). A jitted program whose XLA build captures CUDA graphs (command
+    buffers) then compiles nothing inside one. Returns the number of kernels."""
+    from . import precompile as _precompile
+
+    device = jax.devices("gpu")[0] if device is None else device
+    if device.platform != "gpu":
+        raise ValueError(f"device must be a JAX GPU device; got {device}")
+    return _precompile(n, numpy.dtype(dtype), device=device.local_hardware_id, **kwargs)

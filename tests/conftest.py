@@ -11,6 +11,7 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 # and then writes no report for that kernel: tests/test_compile.py reads those reports.
 os.environ.setdefault("CUDA_CACHE_DISABLE", "1")
 
+from cupyln._plans.devices import PROFILES
 from cupyln.cli import _gpu_count
 
 GPU_COUNT, NO_GPU_REASON = _gpu_count()
@@ -22,6 +23,25 @@ def pytest_addoption(parser):
     parser.addoption(
         "--sweep", action="store_true", help="also build every kernel variant (minutes; CI)"
     )
+    parser.addoption(
+        "--emulate",
+        choices=sorted(PROFILES),
+        help="plan as on this GPU (cupyln._plans.devices.PROFILES): the GPU tests run its plans "
+        "on the GPU in use, under its limits",
+    )
+
+
+def pytest_configure(config):
+    profile = config.getoption("--emulate")
+    if profile:
+        from cupyln import _api
+
+        _api.emulate(profile)
+
+
+def pytest_report_header(config):
+    profile = config.getoption("--emulate")
+    return f"cupyln plans as on: {PROFILES[profile].name}" if profile else None
 
 
 def pytest_collection_modifyitems(config, items):

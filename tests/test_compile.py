@@ -1,10 +1,11 @@
-"""CPU tier: the kernels compile with NVRTC for sm_80 and sm_90 (no GPU or driver needed), and
-ptxas reports no stack frame, spill stores or loads beyond the few kernels ``spill_allowed``
-names, each by a bound.
+"""CPU tier: the kernels compile with NVRTC for every supported architecture (no GPU or driver
+needed) with the run-time build's options, and ptxas reports no stack frame, spill stores or
+loads beyond the few kernels ``spill_allowed`` names, each by a bound.
 
 ``test_each_kernel_compiles`` builds one variant of every kernel (seconds);
-``test_every_variant_compiles_without_spills`` builds every variant the plans can return
-(minutes of serial NVRTC builds): it is marked ``sweep`` and runs with ``--sweep`` (CI does).
+``test_every_variant_compiles_without_spills`` builds, for each architecture of
+``_plans.devices.ARCHS``, every variant the plans of its GPUs' profiles can return (minutes of
+NVRTC builds a worker): it is marked ``sweep`` and runs with ``--sweep`` (CI does).
 """
 
 import re
@@ -20,15 +21,14 @@ from cupyln._plans import common as C
 from cupyln._plans import forward as F
 from cupyln._plans import jagged as J
 from cupyln._plans.common import kernel
+from cupyln._plans.devices import ARCHS, PROFILES
 
-from .test_plans import CLUSTERS, NS, SMEM_A100, SMEM_H100, _vecs
+from .test_plans import NS, SMEM_H100, _vecs
 
 DTYPES = list(TABLE)
-ARCHS = (80, 90)
 FILES = sorted(set(_compile.SOURCES.values()))
 BOUNDED_SPILL = 48  # bytes of stack, spill stores or spill loads (ln_bwd_reg_cluster only)
 AHEAD_SPILL = 12  # ...and of ln_bwd_reg copying the next row ahead (AHEAD)
-SM90_BOUNDS_SPILL = 8  # ...and of sm_90's forward launch bounds built for sm_80 (never run)
 # ...and of the forward's stream tier at 32 registers a thread (ln_fwd_stream, NVRTC 12, either
 # arch: with w and b given; 16 without one or both)
 STREAM_SPILL = 8
@@ -45,53 +45,68 @@ _REPORT = re.compile(
 )
 
 
-@cache  # (the parametrized tests share it: planning every variant takes seconds)
-def variants(x_dtype) -> dict:
-    """{source file: kernel records} over every width, pack width and shared-memory limit (the
-    forward's at both pack counts a thread keeps, the short one in a launch of one wave and of
-    more, and the stream tier's; the backward's for long and short launches), plus every w/b
-    dtype pairing for two register-tier, one row-tier and one ring-tier shapes with and without
-    clusters, and a backward register and cluster tier; and the jagged kernels. The cluster
-    kernels build for sm_80 without their cluster attribute (they never run there)."""
+@cache
+def limits(arch: int) -> tuple:
+    """(shared bytes a block, largest cluster, whether long launches stream) of each distinct
+    profile of ``arch``: what the plans see of those GPUs."""
     out = set()
-    for smem in (SMEM_H100, SMEM_A100):
-        c = CLUSTERS[smem]
+    for name in ARCHS[arch]:
+        p = PROFILES[name]
+        fast = p.dram_per_sm >= F.FWD_STREAM_DRAM_PER_SM and p.threads_sm >= F.FWD_STREAM_THREADS
+        out.add((p.smem_block, p.max_cluster, fast))
+    return tuple(sorted(out))
+
+
+def forward_modes(clusters: int, streams: bool) -> list:
+    """forward_plan's keyword sets forward_launch_plan can take on such a device: the long
+    launch's packs a thread, the short one's, short launches of one wave (devices with
+    clusters), and the stream tier (devices that stream)."""
+    modes = [{}, {"items": F.FWD_REG_ITEMS_SHORT}]
+    if clusters > 1:
+        modes.append({"items": F.FWD_REG_ITEMS_SHORT, "one_wave": True})
+    if streams:
+        modes.append({"stream": True})
+    return modes
+
+
+@cache  # (the parametrized tests share it: planning every variant takes seconds)
+def variants(x_dtype, arch: int) -> dict:
+    """{source file: kernel records} over every width, pack width and profile of ``arch``
+    (forward_modes; the backward's long and short launches), plus every w/b dtype pairing for
+    two register-tier, one row-tier and one ring-tier shapes (and the stream tier's with and
+    without w and b), and a backward register and cluster tier; the norm family's; and the
+    jagged kernels."""
+    out = set()
+    for smem, c, streams in limits(arch):
+        modes = forward_modes(c, streams)
         for vec in _vecs(x_dtype):
             for n in NS:
                 if n % vec == 0:
                     xs = (n, x_dtype, x_dtype, x_dtype, vec, smem, c)
-                    out.update(
-                        p.kernel
-                        for p in (
-                            F.forward_plan(*xs),
-                            F.forward_plan(*xs, stream=True),  # long launches, fast DRAM
-                            F.forward_plan(*xs, F.FWD_REG_ITEMS_SHORT, True),  # one wave
-                            F.forward_plan(*xs, F.FWD_REG_ITEMS_SHORT),  # more than one
-                            B.backward_plan(n, x_dtype, x_dtype, vec, smem, c),
-                            B.backward_plan(n, x_dtype, x_dtype, vec, smem, c, True),  # short
-                        )
-                    )
-    for vec in _vecs(x_dtype):  # the stream tier's rows past NS
-        out.add(F.forward_plan(20480, x_dtype, x_dtype, x_dtype, vec, SMEM_H100, 8, True).kernel)
-    out.update(family_variants(x_dtype))
-    for tw in DTYPES:
-        for tb in DTYPES:
-            full = 16 // x_dtype.itemsize
-            for n, vec in ((4096, 1), (16384, full), (65536, 1), (65536, full)):
-                out.add(F.forward_plan(n, x_dtype, tw, tb, vec, SMEM_H100).kernel)  # reg, row, ring
-                out.add(F.forward_plan(n, x_dtype, tw, tb, vec, SMEM_H100, 8).kernel)  # cluster
-                for affine in ((True, True), (True, False), (False, True), (False, False)):
-                    p = F.forward_plan(n, x_dtype, tw, tb, vec, SMEM_H100, 8, stream=True,
-                                       affine=affine)  # fmt: skip
-                    out.add(p.kernel)  # and stream, with and without w and b
-            for slices in (1, B.PARTIAL_REDUCE_FEW):
-                for sms in (132, 10**4):  # 32 and 8 columns a block
-                    out.add(B.reduce_kernel(4096, slices, sms, x_dtype, tw, tb)[0])
-        for n, vec in ((4096, 1), (32768, 16 // x_dtype.itemsize)):  # reg, cluster
-            out.add(B.backward_plan(n, x_dtype, tw, vec, SMEM_H100, C.MAX_CLUSTER).kernel)
+                    out.update(F.forward_plan(*xs, **mode).kernel for mode in modes)
+                    for short in (False, True):
+                        out.add(B.backward_plan(n, x_dtype, x_dtype, vec, smem, c, short).kernel)
+            if streams:  # the stream tier's rows past NS
+                xs = (20480, x_dtype, x_dtype, x_dtype, vec, smem, c)
+                out.add(F.forward_plan(*xs, stream=True).kernel)
+        for tw in DTYPES:
+            for tb in DTYPES:
+                full = 16 // x_dtype.itemsize
+                for n, vec in ((4096, 1), (16384, full), (65536, 1), (65536, full)):
+                    xs = (n, x_dtype, tw, tb, vec, smem, c)
+                    out.add(F.forward_plan(*xs).kernel)  # reg, row, ring, cluster
+                    for affine in ((True, True), (True, False), (False, True), (False, False)):
+                        if streams:  # and stream, with and without w and b
+                            out.add(F.forward_plan(*xs, stream=True, affine=affine).kernel)
+                for slices in (1, B.PARTIAL_REDUCE_FEW):
+                    for sms in (132, 10**4):  # 32 and 8 columns a block
+                        out.add(B.reduce_kernel(4096, slices, sms, x_dtype, tw, tb)[0])
+            for n, vec in ((4096, 1), (32768, 16 // x_dtype.itemsize)):  # reg, cluster
+                out.add(B.backward_plan(n, x_dtype, tw, vec, smem, c).kernel)
+        out.update(family_variants(x_dtype, smem, c, streams))
+        out.update(jagged_variants(x_dtype, smem))
     out.add(B.dwdb_cols_kernel(x_dtype))
     out.add(B.dwdb_cols_kernel(x_dtype, True))
-    out.update(jagged_variants(x_dtype))
     files: dict = {f: set() for f in FILES}
     for k in out:
         files[_compile.source_of(k.name)].add(k)
@@ -99,48 +114,40 @@ def variants(x_dtype) -> dict:
 
 
 @cache
-def family_variants(x_dtype) -> set:
-    """The norm family's kernels: RMSNorm's forward (long launches streaming or not, one
-    wave) and backward plans, and the residual add's (h of x's dtype and of float32, with
-    either norm), with w and b of x's dtype, at every width and pack width, with and without
-    clusters; the unfused plans' ln_fwd_add and its cast."""
+def family_variants(x_dtype, smem: int = SMEM_H100, c: int = C.MAX_CLUSTER,
+                    streams: bool = True) -> set:  # fmt: skip
+    """The norm family's kernels on a device of these limits: RMSNorm's forward and backward
+    plans, and the residual add's (h of x's dtype and of float32, with either norm), with w
+    and b of x's dtype, at every width and pack width, in every forward mode; the unfused
+    plans' ln_fwd_add and its cast."""
     out = set()
     f32 = np.dtype(np.float32)
     hs = [x_dtype] if x_dtype.itemsize == 8 else sorted({x_dtype, f32}, key=str)
-    for smem in (SMEM_H100, SMEM_A100):
-        c = CLUSTERS[smem]
-        for n in NS:
-            for h in hs:
-                for rms in (False, True):
-                    widest = max(x_dtype.itemsize, h.itemsize)
-                    for vec in _vecs(x_dtype):
-                        if n % vec or vec * widest > 16:
-                            continue
-                        xs = (n, x_dtype, x_dtype, x_dtype, vec, smem, c)
-                        res = dict(rms=rms, residual=(h, h))
-                        plans = [F.forward_plan(*xs, stream=True, **res),
-                                 F.forward_plan(*xs, F.FWD_REG_ITEMS_SHORT, True,
-                                                **res)]  # fmt: skip
-                        if h == x_dtype:
-                            plans += [F.forward_plan(*xs, stream=True, rms=rms),
-                                      F.forward_plan(*xs, rms=rms),
-                                      F.forward_plan(*xs, F.FWD_REG_ITEMS_SHORT, True, rms=rms),
-                                      B.backward_plan(n, x_dtype, x_dtype, vec, smem, c, False,
-                                                      rms, True),
-                                      B.backward_plan(n, x_dtype, x_dtype, vec, smem, c, False,
-                                                      rms),
-                                      B.backward_plan(n, x_dtype, x_dtype, vec, smem, c, True,
-                                                      rms, True)]  # fmt: skip
-                        for p in plans:
-                            out.add(p.kernel)
-                            if p.unfused:
-                                out.add(F.add_kernel(x_dtype, h, h, vec))
-                                out.add(F.add_kernel(h, None, x_dtype, vec))
+    modes = forward_modes(c, streams)
+    for n in NS:
+        for h in hs:
+            for rms in (False, True):
+                widest = max(x_dtype.itemsize, h.itemsize)
+                for vec in _vecs(x_dtype):
+                    if n % vec or vec * widest > 16:
+                        continue
+                    xs = (n, x_dtype, x_dtype, x_dtype, vec, smem, c)
+                    plans = [F.forward_plan(*xs, rms=rms, residual=(h, h), **m) for m in modes]
+                    if h == x_dtype:
+                        plans += [F.forward_plan(*xs, rms=rms, **m) for m in modes]
+                        for short, dh in ((False, True), (False, False), (True, True)):
+                            plans.append(B.backward_plan(n, x_dtype, x_dtype, vec, smem, c,
+                                                         short, rms, dh))  # fmt: skip
+                    for p in plans:
+                        out.add(p.kernel)
+                        if p.unfused:
+                            out.add(F.add_kernel(x_dtype, h, h, vec))
+                            out.add(F.add_kernel(h, None, x_dtype, vec))
     return out
 
 
 @cache
-def jagged_variants(x_dtype) -> set:
+def jagged_variants(x_dtype, smem: int = SMEM_H100) -> set:
     """Every jagged kernel role for both offset types and pack widths, with w/b of x's dtype
     and of float32, and every short-kernel shape: forward block and warp groups (16 and 8 warps
     a block), backward sharing an SM or alone on it."""
@@ -150,11 +157,12 @@ def jagged_variants(x_dtype) -> set:
         for o in INDEX:
             for vec in _vecs(x_dtype):
                 for seqlen in (None, 1, warp8, 128):
-                    fwd = J.jagged_plan(256, x_dtype, vec, SMEM_H100, seqlen, False)
-                    bwd = J.jagged_plan(256, x_dtype, vec, SMEM_H100, seqlen, True)
+                    fwd = J.jagged_plan(256, x_dtype, vec, smem, seqlen, False)
+                    bwd = J.jagged_plan(256, x_dtype, vec, smem, seqlen, True)
                     roles = J.jagged_kernels(x_dtype, tw, tw, o, vec, fwd, bwd)
                     out.update(k for k, _, _ in roles.values())
             out.add(J.check_kernel(o))
+            out.add(J.clamp_kernel(o))
     return out
 
 
@@ -175,16 +183,9 @@ def spill_allowed_ln(k, arch: int = 90) -> int:
     """Bytes of stack frame, spill stores and spill loads kernel record ``k`` may report: the
     backward's register clusters, two rows a thread, spill a value in some shapes, and the
     register rows that copy the next row ahead a value or two (both measured faster than every
-    alternative anyway); the stream tier at 32 registers; sm_90's launch bounds built for
-    sm_80."""
+    alternative anyway); the stream tier at 32 registers."""
     if k.name == "ln_fwd_stream":
         return STREAM_SPILL if k.arg("HAS_W") and k.arg("HAS_B") else STREAM_BARE_SPILL
-    if arch < 90 and k.name == "ln_fwd_reg":
-        # sm_90's launch bounds (FWD_LEAN_THREADS as loaded, FWD_REG_THREADS for centered rows
-        # in a launch of one wave): taken only on devices with clusters
-        threads = k.arg("BLOCK") * k.arg("MINB")
-        if threads > (F.FWD_CENTER_THREADS if k.arg("CENTER") else F.FWD_REG_THREADS):
-            return SM90_BOUNDS_SPILL
     if k.name == "ln_bwd_reg_cluster":
         return BOUNDED_SPILL
     if k.name == "ln_bwd_reg" and k.arg("AHEAD"):
@@ -193,8 +194,8 @@ def spill_allowed_ln(k, arch: int = 90) -> int:
 
 
 def test_spill_allowances():
-    """Only the two backward register kernels, the second only with AHEAD, the forward's
-    stream tier, and on sm_80 the forward's sm_90 launch bounds."""
+    """Only the two backward register kernels, the second only with AHEAD, and the forward's
+    stream tier."""
     bf = ref_bf16()
 
     def reg(items, tpr, block, minb, center, whole):
@@ -218,11 +219,7 @@ def test_spill_allowances():
     assert spill_allowed(bwd(512, 512, True)) == AHEAD_SPILL
     assert spill_allowed(bwd(64, 64, False)) == 0
     assert spill_allowed(reg(8, 512, 512, 2, False, 0)) == 0
-    lean = reg(4, 384, 384, 4, False, 0)
-    assert spill_allowed(lean) == 0 and spill_allowed(lean, 80) == 8
-    wave = reg(4, 64, 64, 16, True, 4)
-    assert spill_allowed(wave) == 0 and spill_allowed(wave, 80) == 8
-    assert spill_allowed(reg(4, 64, 64, 12, True, 4), 80) == 0
+    assert spill_allowed(reg(4, 384, 384, 4, False, 0), 80) == 0
     assert spill_allowed(stream(True)) == spill_allowed(stream(True), 80) == STREAM_SPILL == 8
     assert spill_allowed(stream(False)) == spill_allowed(stream(False), 80) == 16
 
@@ -243,16 +240,16 @@ def _check_build(kernels, arch):
 
 
 @pytest.mark.sweep
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", list(ARCHS))
 @pytest.mark.parametrize("source", FILES)
 @pytest.mark.parametrize("x_dtype", DTYPES, ids=lambda d: d.name)
 def test_every_variant_compiles_without_spills(x_dtype, source, arch):
-    kernels = variants(x_dtype)[source]
+    kernels = variants(x_dtype, arch)[source]
     if kernels:
         _check_build(kernels, arch)
 
 
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", list(ARCHS))
 @pytest.mark.parametrize("source", FILES)
 def test_each_kernel_compiles(source, arch):
     """One variant of every kernel of a source file, bf16 rows with float32 w and b, and the

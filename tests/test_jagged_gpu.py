@@ -128,6 +128,49 @@ def test_large_mean_sequences_stay_exact(max_seqlen, check_offsets):
     ref.assert_close(rstd, rstdr, "rstd")
 
 
+@pytest.mark.parametrize("max_seqlen", [None, 1024])
+def test_sequences_of_rows_far_apart_stay_exact(max_seqlen):
+    """A sequence whose first row's mean lies far from the sequence's (one row near 0, a
+    thousand near 1000): the short path's variance about the sequence's own mean keeps rstd at
+    float32 accuracy (a variance about the first row's mean would lose about three digits)."""
+    values, offsets, w, b, _ = batch([1024, 3], 16, "float32")
+    values[1:1024] += np.float32(1000.0)
+    y, mean, rstd = cupyln.jagged_forward(values, offsets, w, b, max_seqlen=max_seqlen)
+    yr, meanr, rstdr = ref.jagged_forward(values, offsets, w, b)
+    ref.assert_close(mean, meanr, "mean")
+    ref.assert_close(rstd, rstdr, "rstd")
+    ref.assert_close(y, yr, "y")
+
+
+@pytest.mark.parametrize("dtype", ["int32", "int64"])
+def test_unchecked_bad_offsets_stay_in_bounds(dtype):
+    """check_offsets=False: offsets that leave values (past total_L, negative, decreasing) are
+    clamped on the GPU into a valid partition, and the results are those of that partition,
+    bit for bit; valid offsets are unchanged by it."""
+    values, _, w, b, dy = batch([8, 8, 8, 8], 64, "bfloat16")
+    total = values.shape[0]
+    for bad, clamped in (
+        ([0, 5, 3, 40, 999], [0, 5, 5, 32, 32]),
+        ([-7, 10, 2**30, 12, 20], [0, 10, 32, 32, 32]),
+        ([3, 3, -1, 31, 31], [0, 3, 3, 31, 32]),
+        ([0, 8, 16, 24, 32], [0, 8, 16, 24, 32]),
+    ):
+        bad, clamped = (cupy.asarray(o, dtype) for o in (bad, clamped))
+        kept = bad.copy()
+        unchecked = dict(check_offsets=False)  # (the same kernels for both)
+        y, mean, rstd = cupyln.jagged_forward(values, bad, w, b, **unchecked)
+        want = cupyln.jagged_forward(values, clamped, w, b, **unchecked)
+        ref.assert_close(want[0], ref.jagged_forward(values, clamped, w, b)[0], "y")
+        for got, exp in zip((y, mean, rstd), want):
+            assert bool((got.view("uint8") == exp.view("uint8")).all())
+        assert bool((bad == kept).all()), "the caller's offsets were written"
+        grads = cupyln.jagged_backward(dy, values, bad, w, mean, rstd, **unchecked)
+        exps = cupyln.jagged_backward(dy, values, clamped, w, mean, rstd, **unchecked)
+        for got, exp in zip(grads, exps):
+            assert bool((got.view("uint8") == exp.view("uint8")).all())
+    assert total == 32
+
+
 def test_dw_db_are_deterministic():
     lengths = np.random.default_rng(5).integers(1, 3000, 40)
     values, offsets, w, b, dy = batch(lengths, 256, "bfloat16")

@@ -194,6 +194,23 @@ def test_empty_rows():
     assert jax.grad(lambda x: cj.layer_norm(x).sum())(x).shape == (0, 64)
 
 
+def test_precompile_then_jit_at_new_row_counts_compiles_nothing():
+    """After cupyln.jax.precompile, jitted forward and backward at row counts not run before
+    build no kernel."""
+    from cupyln import _compile
+
+    n = 2048
+    assert cj.precompile(n, jnp.bfloat16, w_dtype=jnp.float32, b_dtype=jnp.float32) > 0
+    compiled = len(_compile._functions)
+    w, b = jnp.ones(n, jnp.float32), jnp.zeros(n, jnp.float32)
+    step = jax.jit(jax.grad(lambda x, w, b: cj.layer_norm(x, w, b).astype(jnp.float32).sum(),
+                            argnums=(0, 1, 2)))  # fmt: skip
+    for m in (1, 300, 1024, 5000):
+        x = jnp.asarray(ref.sample((m, n), "float32", seed=m, xp=np)).astype(jnp.bfloat16)
+        jax.block_until_ready(step(x, w, b))
+        assert len(_compile._functions) == compiled, f"M={m}: a kernel compiled"
+
+
 # ------------------------------------------------------------------ the norm family
 def _rms64(h, w, eps):
     return h / np.sqrt((h * h).mean(-1, keepdims=True) + eps) * w

@@ -15,6 +15,7 @@ from cupyln._plans import common as C
 from cupyln._plans import forward as F
 from cupyln._plans import jagged as J
 from cupyln._plans.common import kernel
+from cupyln._plans.devices import ARCHS, PROFILES, unsupported
 
 SMEM_H100 = 232448  # sm_90 opt-in shared memory per block
 SMEM_A100 = 166912  # sm_80
@@ -817,7 +818,9 @@ def test_gpus_before_ampere_are_refused_by_name():
     _launcher.check_arch("NVIDIA A100", 80)
     _launcher.check_arch("NVIDIA H200", 90)
     with pytest.raises(
-        RuntimeError, match=r"needs .* 8\.0 \(Ampere\) or newer; Tesla V100 is sm_70"
+        RuntimeError,
+        match=r"needs .* 8\.0 \(Ampere\) or newer; Tesla V100 has compute "
+        r"capability 7\.0",
     ):
         _launcher.check_arch("Tesla V100", 70)
 
@@ -846,3 +849,36 @@ def test_a_shared_plan_constant_is_set_everywhere_it_is_bound():
     finally:
         _api.set_plan_constant("ROW_BLOCK", old)
     assert C.ROW_BLOCK == F.ROW_BLOCK == B.ROW_BLOCK == 256
+
+
+@pytest.mark.parametrize("profile", sorted(PROFILES))
+def test_forward_launch_plans_hold_every_m(profile):
+    """forward_launch_plans (what precompile builds) holds the plan forward_launch_plan takes
+    at every M, for each profile's limits, norm and residual."""
+    dev = PROFILES[profile]
+    rng = np.random.default_rng(7)
+    bf, f4 = next(d for d in TABLE if d.name == "bfloat16"), np.dtype(np.float32)
+    for n in (64, 512, 1000, 4096, 8192, 16384, 32768, 65536, 10**6):
+        for rms, residual in ((False, None), (True, None), (True, (f4, f4)), (False, (bf, bf))):
+            vec = C.vector_width(4 if residual and residual[1] == f4 else 2, n)
+            args = (n, bf, f4, f4, vec, dev.smem_block, dev.max_cluster)
+            norm = dict(rms=rms, residual=residual, threads_sm=dev.threads_sm)
+            ahead = F.forward_launch_plans(*args, dev.dram_per_sm, **norm)
+            ms = {1, 2, 1023, 1024, 2048, 2**31} | set(rng.integers(1, 300000, 40).tolist())
+            for m in sorted(ms):
+                p = F.forward_launch_plan(m, *args, dev.sm_count, dev.dram_per_sm, **norm)
+                assert p in ahead, (profile, n, rms, residual, m)
+
+
+def test_profiles_hold_what_the_plans_read():
+    """Every architecture the kernels are built for has a profile, and each profile's limits
+    are those of its family (clusters from sm_90; 1536 threads an SM on sm_86/89/120)."""
+    assert set(ARCHS) == {80, 86, 89, 90, 100, 120}
+    assert {p for names in ARCHS.values() for p in names} == set(PROFILES)
+    for name, p in PROFILES.items():
+        assert name in ARCHS[p.arch]
+        assert p.clusters == (p.arch >= 90) and p.max_cluster == (8 if p.clusters else 1)
+        assert p.threads_sm == (1536 if p.arch in (86, 89, 120) else 2048)
+        assert p.smem_block < p.smem_sm and p.dram_per_sm > 0
+    assert unsupported("NVIDIA A100", 80) is None and unsupported("NVIDIA B200", 100) is None
+    assert "Tesla V100 has compute capability 7.0" in unsupported("Tesla V100", 70)

@@ -468,3 +468,69 @@ def test_jagged_bad_offsets_are_refused():
         clt.jagged_layer_norm(x, torch.tensor([0, 4, 3, 6], device="cuda"))
     with pytest.raises(ValueError, match="offsets"):
         clt.jagged_layer_norm(x)
+
+
+def test_jagged_compiles_fullgraph_and_captures():
+    """The jagged op under torch.compile(fullgraph=True), and captured in a CUDA graph after
+    one eager call (offsets clamped on the GPU in the capture, no synchronization): both as
+    eager, gradients included."""
+    g = torch.Generator(device="cuda").manual_seed(13)
+    lengths = torch.randint(1, 50, (30,), generator=g, device="cuda")
+    offsets = torch.cat([torch.zeros(1, dtype=torch.int64, device="cuda"), lengths.cumsum(0)])
+    total, d = int(offsets[-1]), 64
+    x = (-2.3 + 0.5 * torch.randn(total, d, generator=g, device="cuda")).requires_grad_()
+    w = (1 + 0.3 * torch.randn(d, generator=g, device="cuda")).requires_grad_()
+    dy = torch.randn(total, d, generator=g, device="cuda")
+
+    def step(x, w):
+        return torch.autograd.grad(clt.jagged_layer_norm(x, offsets, w, None, 1e-6, 64),
+                                   (x, w), dy)  # fmt: skip
+
+    want = step(x, w)
+    got = torch.compile(step, fullgraph=True)(x, w)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = clt.jagged_layer_norm(x.detach(), offsets, w.detach(), None, 1e-6, 64)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(y, clt.jagged_layer_norm(x.detach(), offsets, w.detach(), None, 1e-6, 64))
+
+
+def test_precompile_then_capture_at_another_m():
+    """After precompile, CUDA graphs captured at row counts never run before compile nothing
+    (a capture cannot load a module) and replay what eager calls compute; the plans do change
+    with M across these row counts."""
+    from cupyln import _compile, _launcher
+    from cupyln.torch._glue import _NP
+
+    n = 4096
+    assert clt.precompile((n,), torch.bfloat16, weight_dtype=torch.float32) > 0
+    x, w, b, dy = make((8192, n), torch.bfloat16, torch.float32, (n,), seed=1)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up at one M: torch's own first-call work
+        clt.layer_norm(x.requires_grad_(), (n,), w.requires_grad_(), b).backward(dy)
+    torch.cuda.current_stream().wait_stream(side)
+    seen = set()
+    for m in (3, 1000, 1024, 2048, 5000):
+        sx, w, b, sdy = make((m, n), torch.bfloat16, torch.float32, (n,), seed=m)
+        w.requires_grad_()
+        sx.requires_grad_()
+        bf, f4 = _NP[torch.bfloat16], _NP[torch.float32]
+        seen.add(_launcher.forward_launch(sx.device.index, m, n, bf, f4, f4, 8)[1].kernel)
+        compiled = len(_compile._functions)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            sy = clt.layer_norm(sx, (n,), w, b)
+            sy.backward(sdy)
+        assert len(_compile._functions) == compiled, f"M={m}: a kernel compiled in the capture"
+        g.replay()
+        torch.cuda.synchronize()
+        ex = sx.detach().clone().requires_grad_()
+        ew = w.detach().clone().requires_grad_()
+        ey = clt.layer_norm(ex, (n,), ew, b)
+        ey.backward(sdy)
+        assert torch.equal(sy, ey), m
+        assert torch.equal(sx.grad, ex.grad) and torch.equal(w.grad, ew.grad), m
+    assert len(seen) > 1, "the forward's plan is the same at every M: nothing was tested"

@@ -86,6 +86,44 @@ class TestOnGpu:
         with pytest.raises(TypeError, match=r"out must be a tuple \(y, mean, rstd\)"):
             cupyln.forward(self.x, out=self.y)
 
+    def test_outputs_overlapping_inputs_are_refused(self):
+        """Outputs sharing memory with an input or with each other are refused before anything
+        is written, at a row-tier shape (its dw/db read dy again after dx is written); y may
+        be x itself, and is then right."""
+        n = 262144  # float32 rows of the backward's row tier
+        x = ref.sample((3, n), "float32", seed=3)
+        w = ref.sample((n,), "float32", seed=4)
+        y, mean, rstd = cupyln.forward(x, w)
+        dy = ref.sample((3, n), "float32", seed=5)
+        dx = cupy.full_like(x, cupy.nan)
+        dw = cupy.full_like(w, cupy.nan)
+        for out, match in (
+            ((dy, None, None), "dx must not overlap dy"),
+            ((dx, w, None), "dw must not overlap w"),
+            ((dx, dw, dw), "dw must not overlap db"),
+            ((dx, x[1], None), "dw must not overlap x"),
+        ):
+            keep = dy.copy(), w.copy(), x.copy()
+            with pytest.raises(ValueError, match=match):
+                cupyln.backward(dy, x, w, mean, rstd, out=out)
+            assert bool(cupy.isnan(dx).all()) and bool(cupy.isnan(dw).all())
+            assert all(bool((a == b).all()) for a, b in zip(keep, (dy, x, w)))
+        wide = cupy.empty((3, n + 1), "float32")
+        shifted = (wide.ravel()[1 : 3 * n + 1].reshape(3, n), None, None)
+        wide[:, :n] = x
+        with pytest.raises(ValueError, match="y must not overlap x"):
+            cupyln.forward(wide[:, :n], w, out=shifted)
+        stats = cupy.empty(6, "float32")
+        with pytest.raises(ValueError, match="rstd must not overlap mean"):
+            cupyln.forward(x, w, out=(None, stats[:3], stats[2:5]))
+        inplace = x.copy()
+        got = cupyln.forward(inplace, w, out=(inplace, None, None))[0]
+        assert got is inplace and bool((got == y).all())
+        rows = cupy.empty((4, n), "float32")
+        rows[1:] = x
+        with pytest.raises(ValueError, match="y must not overlap x"):  # a row apart
+            cupyln.rms_forward(rows[1:], w, out=(rows[:3], None))
+
     def test_backward_arguments(self):
         x, w = self.x, self.w
         _, mean, rstd = cupyln.forward(x, w)
@@ -124,3 +162,20 @@ def test_family_checks_name_their_argument():
         _checks.residual((2, 3), f4, "int8", (2, 3), f4)
     with pytest.raises(TypeError, match="residual_dtype must be of x's precision"):
         _checks.residual((2, 3), f4, f8, (2, 3), f4)
+
+
+def test_extent_spans_strided_and_reversed_arrays():
+    """_checks.extent: the bytes an array's elements span, whatever its strides."""
+    from types import SimpleNamespace
+
+    from cupyln import _checks
+
+    def arr(ptr, shape, strides, itemsize=4):
+        size = int(np.prod(shape))
+        return SimpleNamespace(data=SimpleNamespace(ptr=ptr), shape=shape, strides=strides,
+                               size=size, itemsize=itemsize)  # fmt: skip
+
+    assert _checks.extent(arr(1000, (3, 8), (32, 4))) == (1000, 1096)
+    assert _checks.extent(arr(1000, (3, 8), (64, 4))) == (1000, 1160)  # strided rows
+    assert _checks.extent(arr(1000, (3, 8), (-32, 4))) == (936, 1032)  # rows reversed
+    assert _checks.extent(arr(1000, (0, 8), (32, 4))) == (1000, 1000)  # empty

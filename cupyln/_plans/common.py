@@ -79,6 +79,7 @@ SIGNATURES: dict[str, tuple[str, ...]] = {
     "ln_partial_reduce": ("A", "TW", "TB", "Y", "C"),
     "jag_partition": ("I",),
     "jag_check_offsets": ("I",),
+    "jag_clamp_offsets": ("I",),
     "jag_fwd_short": ("T", "TW", "TB", "I", "VEC", "BLOCK", "GROUP"),
     "jag_fwd_partial": ("T", "I", "VEC", "BLOCK"),
     "jag_combine": ("A", "I", "FORWARD", "BLOCK"),

@@ -115,15 +115,18 @@ def forward_waves(m: int, plan: Plan, sm_count: int) -> float:
 def forward_launch_plan(m: int, n: int, x_dtype, w_dtype, b_dtype, vec: int, smem_limit: int,
                         max_cluster: int, sm_count: int, dram_per_sm: float = 0.0,
                         affine: tuple = (True, True), rms: bool = False,
-                        residual: tuple | None = None) -> Plan:  # fmt: skip
+                        residual: tuple | None = None,
+                        threads_sm: int = FWD_STREAM_THREADS) -> Plan:  # fmt: skip
     """The forward's plan for M rows of N: ``forward_plan`` at ``forward_items`` packs a
-    thread. A short launch on sm_90 takes instead, of the plans whose grid fits one wave of
-    resident blocks, the one that fills it most, where that beats the first plan's fill of its
-    waves; and streams where none fits one wave (FWD_STREAM_SHORT). Long launches stream where
-    the device's DRAM feeds an SM at FWD_STREAM_DRAM_PER_SM or more. ``affine``: (w given, b
-    given); ``rms``, ``residual``: as forward_plan."""
+    thread. A short launch on a device with clusters takes instead, of the plans whose grid fits
+    one wave of resident blocks, the one that fills it most, where that beats the first plan's
+    fill of its waves; and streams where none fits one wave (FWD_STREAM_SHORT). Long launches
+    stream where the device's DRAM feeds an SM at FWD_STREAM_DRAM_PER_SM or more and an SM holds
+    FWD_STREAM_THREADS threads (``threads_sm``). ``affine``: (w given, b given); ``rms``,
+    ``residual``: as forward_plan."""
     items = forward_items(m, n, vec, sm_count)
-    stream = dram_per_sm >= FWD_STREAM_DRAM_PER_SM and m <= MAX_GRID
+    fast = dram_per_sm >= FWD_STREAM_DRAM_PER_SM and threads_sm >= FWD_STREAM_THREADS
+    stream = fast and m <= MAX_GRID
     dtypes = (x_dtype, w_dtype, b_dtype)
     norm = dict(rms=rms, residual=residual)
     plan = forward_plan(n, *dtypes, vec, smem_limit, max_cluster, items, stream=stream,
@@ -147,6 +150,25 @@ def forward_launch_plan(m: int, n: int, x_dtype, w_dtype, b_dtype, vec: int, sme
         if streamed.tier == "stream":
             return streamed
     return best
+
+
+def forward_launch_plans(n: int, x_dtype, w_dtype, b_dtype, vec: int, smem_limit: int,
+                         max_cluster: int, dram_per_sm: float = 0.0,
+                         affine: tuple = (True, True), rms: bool = False,
+                         residual: tuple | None = None,
+                         threads_sm: int = FWD_STREAM_THREADS) -> set:  # fmt: skip
+    """Every plan forward_launch_plan can return for rows of N, whatever M (a few more: the
+    plans it weighs), for compiling ahead of a CUDA-graph capture."""
+    dtypes = (x_dtype, w_dtype, b_dtype, vec, smem_limit, max_cluster)
+    norm = dict(affine=affine, rms=rms, residual=residual)
+    fast = dram_per_sm >= FWD_STREAM_DRAM_PER_SM and threads_sm >= FWD_STREAM_THREADS
+    plans = set()
+    for items in (FWD_REG_ITEMS, FWD_REG_ITEMS_SHORT):
+        for stream in {False, fast}:
+            plans.add(forward_plan(n, *dtypes, items, stream=stream, **norm))
+    if max_cluster > 1:
+        plans.add(forward_plan(n, *dtypes, FWD_REG_ITEMS_SHORT, True, rms=rms, residual=residual))
+    return plans
 
 
 def forward_plan(n: int, x_dtype, w_dtype, b_dtype, vec: int, smem_limit: int,

@@ -121,3 +121,11 @@ def jagged_kernels(x_dtype, w_dtype, b_dtype, o_dtype, vec: int, fwd: JaggedPlan
 def check_kernel(o_dtype):
     """The offsets check, run before a plan is chosen."""
     return kernel("jag_check_offsets", I=o_dtype)
+
+
+JAG_CLAMP_BLOCK = 1024  # the offsets' clamp: one block walks them (jag_clamp_offsets)
+
+
+def clamp_kernel(o_dtype):
+    """The offsets' clamp into a valid partition, where the host's check is skipped."""
+    return kernel("jag_clamp_offsets", I=o_dtype)

@@ -18,12 +18,24 @@
 //   * group_sum: a sum over the TPR threads that own one row, identical in every thread
 //     (xor butterfly inside a warp, fixed-order sum of per-warp partials across warps);
 //   * sum_over_y: fixed-order column sums in the (32, Y) blocks of the dw/db kernels;
-//   * wait_prior_grid / release_dependents: programmatic dependent launch (sm_90+).
+//   * wait_prior_grid / release_dependents: programmatic dependent launch (sm_90+);
+//   * SMEM_BLOCK_OPTIN: the opt-in shared bytes a block of the target architecture may have.
 #pragma once
 
 namespace cupyln {
 
 typedef long long i64;
+
+// The opt-in shared memory a block may have on the architecture being compiled for (the CUDA
+// C++ Programming Guide's table of compute capabilities), for launch bounds that count the
+// blocks an SM holds by their shared memory.
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ == 800 || __CUDA_ARCH__ == 870
+constexpr long SMEM_BLOCK_OPTIN = 163L * 1024;
+#elif __CUDA_ARCH__ >= 900 && __CUDA_ARCH__ < 1200
+constexpr long SMEM_BLOCK_OPTIN = 227L * 1024;
+#else  // sm_86, sm_89, sm_120 and sm_121
+constexpr long SMEM_BLOCK_OPTIN = 99L * 1024;
+#endif
 
 // The 32-bit shared-memory address of a pointer into __shared__ memory (for cp.async, mbarrier
 // and DSMEM instructions).

@@ -26,9 +26,9 @@
 //     deterministic; a third applies the statistics chunk by chunk. x is read twice there.
 //     The block-per-sequence kernel raises *has_long when it skips a sequence; the chunk
 //     kernels return at once when nothing was skipped.
-// Statistics are exact for large-mean data: the short path sums x minus a first mean (the mean
-// of the sequence's first row; the corrected two-pass variance), the long path x minus the
-// share's first element, and applies the mean in double.
+// Statistics are exact for large-mean data: the short path sums x minus the sequence's mean
+// (the corrected two-pass variance, from the staged copy), the long path x minus the share's
+// first element, and applies the mean in double.
 // The short path's ring forward lives in ring_forward.cuh, which the dense forward's ring tier
 // (layer_norm_fwd_staged.cu, ln_fwd_ring) shares: there each row is a sequence of one row.
 // Backward: dx = rstd * (w*dy - (xhat * sum(w*dy*xhat) + sum(w*dy)) / (L*D)) per sequence, by
@@ -445,6 +445,46 @@ __global__ void __launch_bounds__(256, 1)
     longest = other > longest ? other : longest;
   }
   if ((threadIdx.x & 31u) == 0 && longest > 0) atomicMax(flags + 2, longest);
+}
+
+// Offsets made valid on the GPU, for calls that skip the host's check (no synchronization):
+// out[i] is the largest of 0 and off[1..i], at most total, with out[0] = 0 and out[B] = total.
+// Valid offsets come out unchanged; any others become a valid partition of the rows, so that
+// no kernel reads or writes past values. One block walks them in chunks of 1024 (a max-scan
+// in each chunk, carried to the next).
+template <typename I>
+__global__ void __launch_bounds__(1024, 1)
+    jag_clamp_offsets(const I* __restrict__ off, const i64 B, const i64 total,
+                      I* __restrict__ out) {
+  __shared__ i64 warp_max[32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  i64 carry = 0;
+  for (i64 c = 0; c <= B; c += 1024) {
+    const i64 i = c + threadIdx.x;
+    i64 v = i > 0 && i <= B ? static_cast<i64>(off[i]) : 0;
+#pragma unroll
+    for (int d = 1; d < 32; d *= 2) {  // inclusive max-scan in the warp
+      const i64 u = __shfl_up_sync(0xffffffffu, v, d);
+      if (lane >= d && u > v) v = u;
+    }
+    if (lane == 31) warp_max[warp] = v;
+    __syncthreads();
+    if (warp == 0) {  // ...over the warps' maxima
+      i64 m = warp_max[lane];
+#pragma unroll
+      for (int d = 1; d < 32; d *= 2) {
+        const i64 u = __shfl_up_sync(0xffffffffu, m, d);
+        if (lane >= d && u > m) m = u;
+      }
+      warp_max[lane] = m;
+    }
+    __syncthreads();
+    if (warp > 0 && warp_max[warp - 1] > v) v = warp_max[warp - 1];
+    if (carry > v) v = carry;
+    if (i <= B) out[i] = static_cast<I>(i == B || v > total ? total : v);
+    if (warp_max[31] > carry) carry = warp_max[31];
+    __syncthreads();  // every thread has read warp_max before the next chunk writes it
+  }
 }
 
 }  // namespace cupyln

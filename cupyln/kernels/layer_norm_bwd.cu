@@ -35,8 +35,9 @@ namespace cupyln {
 // With SHARED_SUMS (the dw/db sums in shared memory) a thread keeps only x and dy: 1024
 // threads per SM (64 registers), so two blocks of 512 share an SM.
 // Those blocks also need their shared memory (the next row's packs and the sums, 16-byte packs
-// of T, and w with STAGE_W): no more of them than sm_90's 227 KB hold, so a lone block of 512
-// threads with 4 slots gets the registers it needs (96) instead of spilling at 64.
+// of T, and w with STAGE_W): no more of them than the architecture's shared memory holds
+// (SMEM_BLOCK_OPTIN), so a lone block of 512 threads with 4 slots gets the registers it needs
+// (96) instead of spilling at 64.
 // Blocks of several row groups of more than a warp (the plan's BWD_GROUP_BLOCK) whose threads
 // hold at most 12 elements of x (BWD_GROUP_VALUES) also get 1024 threads (64 registers, as the
 // lone 64-thread blocks of those rows reach unasked; 768 threads an SM measured slower). Groups
@@ -50,7 +51,7 @@ struct BwdRegBlocks {
   static constexpr long values = static_cast<long>(BLOCK) * ITEMS * (16 / sizeof(T));
   static constexpr long smem = 2 * values * (sizeof(T) + sizeof(typename AccOf<T>::type)) +
                                (STAGE_W ? values * sizeof(T) : 0);
-  static constexpr int by_smem = SHARED_SUMS ? static_cast<int>(227L * 1024 / smem) : by_threads;
+  static constexpr int by_smem = SHARED_SUMS ? static_cast<int>(SMEM_BLOCK_OPTIN / smem) : by_threads;
   static constexpr int value = by_smem < 1 ? 1 : by_smem < by_threads ? by_smem : by_threads;
 };
 

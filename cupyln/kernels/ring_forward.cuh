@@ -7,8 +7,8 @@
 // (layer_norm_fwd_staged.cu's ring tier, ln_fwd_ring). The group copies its next sequences into its
 // ring in shared memory with cp.async (ring.cuh) while it reduces and writes the current one,
 // so HBM never waits for a sequence's arithmetic; x is read once and y written once.
-// Statistics: a first mean from the sequence's first row, then the corrected two-pass
-// variance of x minus it, from the staged copy (exact for large-mean data).
+// Statistics: the mean, then the corrected two-pass variance of x minus it, both from the
+// staged copy (exact for large-mean data).
 // Limits: a staged sequence fits the group's ring (the host's plan sees to it); longer ones
 // are left to the caller (long_path) or walked from global memory by the group.
 #pragma once
@@ -191,17 +191,16 @@ __device__ __forceinline__ void ring_forward(
     r.wait_oldest();
     const int nv = static_cast<int>(cnt / VEC);
     const A inv = A(1) / static_cast<A>(cnt);
-    // pass 1: a first mean, of the sequence's first row; pass 2: the sum and sum of squares of
-    // x minus it (the corrected two-pass variance: exact for large-mean data as long as the
-    // first mean is within a few standard deviations of the mean, which a row's mean is)
-    const int nv1 = D / VEC;
+    // pass 1: the mean of the staged sequence; pass 2: the sum and sum of squares of x minus
+    // it (the corrected two-pass variance: exact for large-mean data, and for sequences whose
+    // rows have means far apart)
     A sum = 0;
-    for (int v = lane, i = r.wrap(r.head + lane); v < nv1; v += GROUP, i = r.wrap(i + GROUP)) {
+    for (int v = lane, i = r.wrap(r.head + lane); v < nv; v += GROUP, i = r.wrap(i + GROUP)) {
       const P pk = r.slot[i];
 #pragma unroll
       for (int k = 0; k < VEC; ++k) sum += widen_at<A>(pk, k);
     }
-    const A mu0 = group_sum<GROUP>(sum, red) / static_cast<A>(D);
+    const A mu0 = group_sum<GROUP>(sum, red) / static_cast<A>(cnt);
     A s1 = 0, s2 = 0;
     for (int v = lane, i = r.wrap(r.head + lane); v < nv; v += GROUP, i = r.wrap(i + GROUP)) {
       const P pk = r.slot[i];

@@ -17,7 +17,8 @@ Forward and backward are ``torch.library`` custom ops (``torch.ops.cupyln.layer_
 ``torch.compile(fullgraph=True)`` keeps them in its graph. Kernels launch by raw pointers on
 torch's current stream of the input's device; every output comes from torch's caching
 allocator. Each new row width or dtype compiles its kernels on first use (cached on disk by
-CuPy): run a model once before capturing it in a CUDA graph.
+CuPy): run a model once before capturing it in a CUDA graph, or ``precompile`` the widths and
+dtypes it will see, which covers every number of rows.
 
 Under ``torch.autocast`` the layer behaves as ``torch.nn.functional.layer_norm`` does there: the
 input, weight and bias are taken in float32 and the output is float32. On CPU tensors
@@ -40,7 +41,38 @@ from ._ops import _BWD, _FWD, _bwd_impl, _eager, _eager_apply, _fwd_impl, _infer
 
 __all__ = ["layer_norm", "LayerNorm", "replace_layer_norms", "forward", "backward",
            "jagged_layer_norm", "rms_norm", "RMSNorm", "add_rms_norm", "add_layer_norm",
-           "replace_norms"]  # fmt: skip
+           "replace_norms", "precompile"]  # fmt: skip
+
+
+def precompile(normalized_shape, dtype: torch.dtype, *, weight_dtype=None, bias_dtype=None,
+               weight: bool = True, bias: bool = True, rms: bool = False,
+               residual_dtype=None, backward: bool = True, device=None) -> int:  # fmt: skip
+    """Compile ahead every kernel that rows of ``normalized_shape`` of ``dtype`` can take at
+    any number of rows (``cupyln.precompile`` with torch dtypes): warm up with it before a CUDA
+    graph is captured at shapes not run before. ``weight``/``bias``: whether the calls pass
+    them (``weight_dtype``/``bias_dtype``: theirs, default ``dtype``); ``rms``: RMSNorm;
+    ``residual_dtype``: the add in front (residual and h of that dtype); ``device``: a CUDA
+    device (default torch's current one). Returns the number of kernels."""
+    from .. import precompile as _precompile
+    from ._glue import _NP
+
+    n = math.prod(_shape(normalized_shape))
+    index = None if device is None else torch.device(device).index
+    index = torch.cuda.current_device() if index is None else index
+
+    def np_dtype(d, name):
+        if d is None:
+            return None
+        if d not in _NP:
+            raise TypeError(f"{name} must be a torch floating dtype cupyln takes; got {d}")
+        return _NP[d]
+
+    x = np_dtype(dtype, "dtype")
+    w = np_dtype(weight_dtype, "weight_dtype") or x
+    return _precompile(n, x, w_dtype=w, b_dtype=np_dtype(bias_dtype, "bias_dtype") or w,
+                       affine=(weight, bias and not rms), rms=rms,
+                       residual_dtype=np_dtype(residual_dtype, "residual_dtype"),
+                       backward=backward, device=index)  # fmt: skip
 
 
 def layer_norm(

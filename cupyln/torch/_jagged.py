@@ -1,10 +1,16 @@
-"""The jagged LayerNorm on torch tensors: the CuPy API on zero-copy DLPack views, on torch's
-current stream, with autograd."""
+"""The jagged LayerNorm on torch tensors: the ops ``torch.ops.cupyln.jagged_fwd`` /
+``jagged_bwd`` (fake implementations, autograd), which launch the CuPy API's kernels on
+zero-copy DLPack views, on torch's current stream, into memory from torch's allocator.
+
+Outside a CUDA-graph capture the forward checks the offsets on the GPU (one synchronization);
+inside one, and in the backward, the kernels read the offsets clamped on the GPU instead (no
+synchronization). Either way the kernels are planned from ``max_seqlen`` alone, so a capture
+takes the kernels an eager call compiled."""
 
 import torch
 
-from .. import _runtime
-from ._glue import _check, _stream
+from .. import _checks, _runtime
+from ._glue import _acc, _check, _stream, _workspace
 
 
 class _OnTorchStream:
@@ -33,40 +39,113 @@ def _cp(t):
     return None if t is None else cupy.from_dlpack(t.detach())
 
 
-class _Jagged(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, values, offsets, weight, bias, eps, max_seqlen):
-        with _OnTorchStream(values.device):
-            y, mean, rstd = _api_jagged().jagged_forward(
-                _cp(values), _cp(offsets), _cp(weight), _cp(bias), eps, max_seqlen=max_seqlen
-            )
-            y, mean, rstd = (torch.from_dlpack(a) for a in (y, mean, rstd))
-        ctx.save_for_backward(values, offsets, weight, mean, rstd)
-        ctx.bias_dtype = None if bias is None else bias.dtype
-        ctx.max_seqlen = max_seqlen
-        return y
-
-    @staticmethod
-    def backward(ctx, dy):
-        values, offsets, weight, mean, rstd = ctx.saved_tensors
-        with _OnTorchStream(values.device):
-            dx, dw, db = _api_jagged().jagged_backward(
-                _cp(dy.contiguous()), _cp(values), _cp(offsets), _cp(weight), _cp(mean),
-                _cp(rstd), max_seqlen=ctx.max_seqlen, check_offsets=False,
-            )  # fmt: skip
-            dx, db = torch.from_dlpack(dx), torch.from_dlpack(db)
-            dw = None if dw is None else torch.from_dlpack(dw)
-        gb = None
-        if ctx.needs_input_grad[3]:
-            gb = db if db.dtype == ctx.bias_dtype else db.to(ctx.bias_dtype)
-        gx = dx if ctx.needs_input_grad[0] else None
-        return gx, None, dw if ctx.needs_input_grad[2] else None, gb, None, None
-
-
 def _api_jagged():
     from .. import _jagged
 
     return _jagged
+
+
+def _aligned(t):
+    """t, or a copy at a 64-byte aligned address (the kernels read w in packs)."""
+    return t if t is None or not t.data_ptr() & 63 else t.clone()
+
+
+@torch.library.custom_op("cupyln::jagged_fwd", mutates_args=())
+def _jagged_fwd(
+    values: torch.Tensor,
+    offsets: torch.Tensor,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    eps: float,
+    max_seqlen: int | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(y, mean, rstd) of the jagged LayerNorm (see cupyln.jagged_forward)."""
+    values, offsets = values.contiguous(), offsets.contiguous()
+    acc = _acc(values.dtype)
+    nseq = offsets.shape[0] - 1
+    y = torch.empty_like(values)
+    mean = values.new_empty(nseq, dtype=acc)
+    rstd = values.new_empty(nseq, dtype=acc)
+    check = not torch.cuda.is_current_stream_capturing()
+    with _OnTorchStream(values.device):
+        _api_jagged().forward_into(
+            _cp(values), _cp(offsets), _cp(_aligned(weight)), _cp(_aligned(bias)), eps,
+            max_seqlen, check, _cp(y), _cp(mean), _cp(rstd), _workspace(values.device.index),
+            shape_by_check=False,
+        )  # fmt: skip
+    return y, mean, rstd
+
+
+@_jagged_fwd.register_fake
+def _(values, offsets, weight, bias, eps, max_seqlen):
+    acc = _acc(values.dtype)
+    nseq = offsets.shape[0] - 1
+    return (
+        values.new_empty(values.shape),
+        values.new_empty(nseq, dtype=acc),
+        values.new_empty(nseq, dtype=acc),
+    )
+
+
+@torch.library.custom_op("cupyln::jagged_bwd", mutates_args=())
+def _jagged_bwd(
+    dy: torch.Tensor,
+    values: torch.Tensor,
+    offsets: torch.Tensor,
+    weight: torch.Tensor | None,
+    mean: torch.Tensor,
+    rstd: torch.Tensor,
+    max_seqlen: int | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dx, dw, db) at the forward's statistics; dw has no elements without a weight, db has
+    the weight's dtype (values' without one)."""
+    dy, values, offsets = dy.contiguous(), values.contiguous(), offsets.contiguous()
+    d = values.shape[1]
+    wdt = values.dtype if weight is None else weight.dtype
+    dx = torch.empty_like(values)
+    dw = values.new_empty(0 if weight is None else d, dtype=wdt)
+    db = values.new_empty(d, dtype=wdt)
+    with _OnTorchStream(values.device):
+        _api_jagged().backward_into(
+            _cp(dy), _cp(values), _cp(offsets), _cp(_aligned(weight)), _cp(mean.contiguous()),
+            _cp(rstd.contiguous()), max_seqlen, False, _cp(dx),
+            None if weight is None else _cp(dw), _cp(db), _workspace(values.device.index),
+            shape_by_check=False,
+        )  # fmt: skip
+    return dx, dw, db
+
+
+@_jagged_bwd.register_fake
+def _(dy, values, offsets, weight, mean, rstd, max_seqlen):
+    d = values.shape[1]
+    wdt = values.dtype if weight is None else weight.dtype
+    return (
+        values.new_empty(values.shape),
+        values.new_empty(0 if weight is None else d, dtype=wdt),
+        values.new_empty(d, dtype=wdt),
+    )
+
+
+def _setup_context(ctx, inputs, output):
+    values, offsets, weight, bias, _, max_seqlen = inputs
+    _, mean, rstd = output
+    ctx.save_for_backward(values, offsets, weight, mean, rstd)
+    ctx.bias_dtype = None if bias is None else bias.dtype
+    ctx.max_seqlen = max_seqlen
+    ctx.mark_non_differentiable(mean, rstd)
+
+
+def _backward(ctx, dy, _mean, _rstd):
+    values, offsets, weight, mean, rstd = ctx.saved_tensors
+    dx, dw, db = _jagged_bwd(dy, values, offsets, weight, mean, rstd, ctx.max_seqlen)
+    gb = None
+    if ctx.needs_input_grad[3]:
+        gb = db if db.dtype == ctx.bias_dtype else db.to(ctx.bias_dtype)
+    gx = dx if ctx.needs_input_grad[0] else None
+    return gx, None, dw if ctx.needs_input_grad[2] else None, gb, None, None
+
+
+_jagged_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
 def jagged_layer_norm(
@@ -82,8 +161,9 @@ def jagged_layer_norm(
     ``input`` is either a nested tensor of layout ``torch.jagged`` ([B, j, D]; ``offsets``
     None), returned as the same kind, or a values tensor [total_L, D] with ``offsets`` [B+1]
     (int32/int64), returned as a values tensor. ``weight``/``bias``: optional [D]. Autograd
-    gives the values', weight's and bias's gradients from cupyln's backward; offsets are
-    checked on the GPU in the forward.
+    gives the values', weight's and bias's gradients from cupyln's backward. Outside a CUDA-graph
+    capture the forward checks the offsets on the GPU; inside one they are clamped instead.
+    ``max_seqlen`` (a bound on the sequences' rows) plans faster kernels for short sequences.
     """
     nested = getattr(input, "is_nested", False)
     if nested:
@@ -97,12 +177,23 @@ def jagged_layer_norm(
             raise ValueError("offsets [B + 1] are needed with a values tensor [total_L, D]")
         values = input
     _check(values, "values")
+    if values.dim() != 2:
+        raise ValueError(f"values must be 2-D [total_L, D]; got shape {tuple(values.shape)}")
+    _checks.width(values.shape, "values")
     for t, name in ((weight, "weight"), (bias, "bias")):
         if t is not None:
             _check(t, name, values)
+            _checks.vector(t.shape, name, values.shape[1])
     if not isinstance(offsets, torch.Tensor) or offsets.device != values.device:
         raise ValueError(f"offsets must be a tensor on {values.device}")
-    y = _Jagged.apply(values, offsets, weight, bias, float(eps), max_seqlen)
+    if offsets.dtype not in (torch.int32, torch.int64) or offsets.dim() != 1 or not len(offsets):
+        raise TypeError(f"offsets must be a 1-D int32 or int64 tensor of B + 1 >= 1 values; got "
+                        f"{offsets.dtype} "
+                        f"of shape {tuple(offsets.shape)}")  # fmt: skip
+    if max_seqlen is not None and (isinstance(max_seqlen, bool) or int(max_seqlen) < 1):
+        raise ValueError(f"max_seqlen must be a positive int or None; got {max_seqlen!r}")
+    eps = _checks.eps(eps)
+    y = _jagged_fwd(values, offsets, weight, bias, eps, max_seqlen)[0]
     if nested:
         return torch.nested.nested_tensor_from_jagged(y, offsets)
     return y
