@@ -79,8 +79,9 @@ def precompile(
     CUDA graph (a capture cannot load a module), whatever M the capture uses.
 
     Covers contiguous rows at 16-byte aligned addresses (what the allocators return); other
-    layouts may need other kernels. Args are the dtypes of a call: ``w_dtype``/``b_dtype``
-    (default ``dtype``; with a ``weight_offset``, float32: the kernels read w + offset),
+    layouts may need other kernels. Args are the dtypes of a call: ``w_dtype`` (default
+    ``dtype``; with a ``weight_offset``, float32: the kernels read w + offset), ``b_dtype``
+    (default w's),
     ``bias_dtype`` (db's, default w's), ``affine`` (w given, b given), ``rms`` (RMSNorm),
     ``residual_dtype`` (a residual add in front: the residual's dtype) and ``h_dtype`` (h's,
     default the residual's), ``backward`` (the backward's kernels too), ``device`` (default
@@ -93,7 +94,7 @@ def precompile(
     if not 1 <= n <= _checks.MAX_N:
         raise ValueError(f"n must be in [1, {_checks.MAX_N}]; got {n}")
     w = _checks.dtype_arg(w_dtype, x, "w_dtype")
-    b = _checks.dtype_arg(b_dtype, x, "b_dtype")
+    b = _checks.dtype_arg(b_dtype, w, "b_dtype")
     db = _checks.dtype_arg(bias_dtype, w, "bias_dtype")
     residual = None
     if residual_dtype is not None:

@@ -17,6 +17,7 @@ from cupyln import _launcher
 from cupyln import reference as ref
 from cupyln._api import rows as _rows
 from cupyln._dtypes import TABLE
+from cupyln._plans.devices import PROFILES
 
 from .conftest import GPU_COUNT, requires_gpu
 
@@ -109,13 +110,19 @@ def inputs(shape, xdt, wdt, bdt):
     return x, w, b, dy
 
 
-@contextlib.contextmanager
 def hopper_plans(x) -> bool:
-    """Whether x's device plans as itself, an sm_90 GPU (not under another GPU's profile):
-    the tests that pin a plan's shape were worked out for those limits."""
-    return int(x.device.compute_capability) == 90 and _launcher.emulated() in (None, "h200")
+    """Whether x's device, as the plans see it (under a profile, the profile's), has the
+    H200's limits: the tests that pin a plan's shape were worked out for those."""
+    d, h200 = _launcher.device(x.device.id), PROFILES["h200"]
+    return (d.arch, d.sm_count, d.smem_block, d.clusters) == (
+        h200.arch,
+        h200.sm_count,
+        h200.smem_block,
+        h200.clusters,
+    )
 
 
+@contextlib.contextmanager
 def forward_rules(monkeypatch, **values):
     """The forward's plan constants (cupyln._plans.forward) set to ``values`` for the block,
     its plans and cached launches cleared before and after."""

@@ -103,7 +103,7 @@ class TestOnGpu:
             ((dx, dw, dw), "dw must not overlap db"),
             ((dx, x[1], None), "dw must not overlap x"),
         ):
-            keep = dy.copy(), w.copy(), x.copy()
+            keep = dy.copy(), x.copy(), w.copy()
             with pytest.raises(ValueError, match=match):
                 cupyln.backward(dy, x, w, mean, rstd, out=out)
             assert bool(cupy.isnan(dx).all()) and bool(cupy.isnan(dw).all())
