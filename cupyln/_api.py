@@ -95,6 +95,9 @@ def precompile(
         raise ValueError(f"n must be in [1, {_checks.MAX_N}]; got {n}")
     w = _checks.dtype_arg(w_dtype, x, "w_dtype")
     b = _checks.dtype_arg(b_dtype, w, "b_dtype")
+    affine = (bool(affine[0]), bool(affine[1]) and not rms)
+    # an absent w or b is recorded in x's dtype, as the calls record it
+    w, b = (d if given else x for d, given in zip((w, b), affine))
     db = _checks.dtype_arg(bias_dtype, w, "bias_dtype")
     residual = None
     if residual_dtype is not None:
@@ -104,7 +107,7 @@ def precompile(
         raise ValueError("h_dtype needs a residual_dtype; got residual_dtype=None")
     dev = _runtime.cupy().cuda.runtime.getDevice() if device is None else int(device)
     with _runtime.OnDevice(dev):
-        done = _launcher.precompile(dev, int(n), x, w, b, db, tuple(affine), bool(rms), residual,
+        done = _launcher.precompile(dev, int(n), x, w, b, db, affine, bool(rms), residual,
                                     bool(backward))  # fmt: skip
     return len(done)
 

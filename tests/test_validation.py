@@ -114,7 +114,7 @@ class TestOnGpu:
         with pytest.raises(ValueError, match="y must not overlap x"):
             cupyln.forward(wide[:, :n], w, out=shifted)
         stats = cupy.empty(6, "float32")
-        with pytest.raises(ValueError, match="rstd must not overlap mean"):
+        with pytest.raises(ValueError, match="mean must not overlap rstd"):
             cupyln.forward(x, w, out=(None, stats[:3], stats[2:5]))
         inplace = x.copy()
         got = cupyln.forward(inplace, w, out=(inplace, None, None))[0]
