@@ -40,6 +40,7 @@ import numpy
 
 from . import _checks, _launcher, _runtime
 from ._dtypes import acc_dtype
+from ._jax_rows import ROWS, SUM, WHOLE, by_rows
 
 __all__ = ["layer_norm", "rms_norm", "add_rms_norm", "add_layer_norm", "precompile"]
 
@@ -134,12 +135,48 @@ def _backward_call(m, n, x_dtype, w_dtype, db_dtype):
 
 
 # ------------------------------------------------------------------ differentiable function
-def _forward(x2, w, b, eps):
+def _given(arrays) -> tuple:
+    """(the arrays that are not None, which are) for a call's optional operands."""
+    return tuple(a for a in arrays if a is not None), tuple(a is not None for a in arrays)
+
+
+def _taken(present, arrays) -> list:
+    """The optional operands back in their places, None where absent."""
+    arrays = iter(arrays)
+    return [next(arrays) if p else None for p in present]
+
+
+def _forward_local(static, x2, *wb):
+    eps, present = static
+    w, b = _taken(present, wb)
     m, n = x2.shape
     w_dtype = None if w is None else _dtype(w)
     b_dtype = None if b is None else _dtype(b)
     call = _forward_call(m, n, _dtype(x2), w_dtype, b_dtype, eps)
-    return call(x2, *(a for a in (w, b) if a is not None))
+    return call(x2, *wb)
+
+
+_forward_rows = by_rows(_forward_local)
+
+
+def _forward(x2, w, b, eps):
+    wb, present = _given((w, b))
+    return _forward_rows((eps, present), (ROWS,) + (WHOLE,) * len(wb), (ROWS,) * 3, x2, *wb)
+
+
+def _summed(given) -> str:
+    """dw's or db's kind: summed over the row shards where its w or b was given, else unused."""
+    return WHOLE if given is None else SUM
+
+
+def _backward_local(static, dy, x2, mean, rstd, *w):
+    db_dtype, has_w = static
+    m, n = x2.shape
+    call = _backward_call(m, n, _dtype(x2), _dtype(w[0]) if has_w else None, db_dtype)
+    return call(dy, x2, mean, rstd, *w)
+
+
+_backward_rows = by_rows(_backward_local)
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(3,))
@@ -155,12 +192,13 @@ def _layer_norm_fwd(x2, w, b, eps):
 
 def _layer_norm_bwd(eps, res, dy):
     x2, w, mean, rstd, b_kind = res
-    m, n = x2.shape
     x_dtype = _dtype(x2)
     w_dtype = None if w is None else _dtype(w)
     db_dtype = _dtype(b_kind) if b_kind is not None else (w_dtype or x_dtype)
-    call = _backward_call(m, n, x_dtype, w_dtype, db_dtype)
-    dx, dw, db = call(dy.astype(x_dtype), x2, mean, rstd, *(() if w is None else (w,)))
+    w_ = () if w is None else (w,)
+    dx, dw, db = _backward_rows((db_dtype, w is not None), (ROWS,) * 4 + (WHOLE,) * len(w_),
+                                (ROWS, _summed(w), _summed(b_kind)), dy.astype(x_dtype), x2,
+                                mean, rstd, *w_)  # fmt: skip
     return dx, (None if w is None else dw), (None if b_kind is None else db)
 
 
@@ -283,13 +321,37 @@ def _family_backward_call(m, n, h_dtype, w_dtype, db_dtype, rms, has_dh):
     return buffer_callback(callback, shapes, vmap_method="sequential")
 
 
-def _family_forward(x2, r2, w, b, eps, rms, h_dtype):
+def _family_forward_local(static, x2, *rest):
+    eps, rms, h_dtype, present = static
+    r2, w, b = _taken(present, rest)
     m, n = x2.shape
     call = _family_forward_call(
         m, n, _dtype(x2), None if r2 is None else _dtype(r2), h_dtype,
         None if w is None else _dtype(w), None if b is None else _dtype(b), eps, rms,
     )  # fmt: skip
-    return call(x2, *(a for a in (r2, w, b) if a is not None))
+    return call(x2, *rest)
+
+
+_family_forward_rows = by_rows(_family_forward_local)
+
+
+def _family_forward(x2, r2, w, b, eps, rms, h_dtype):
+    rest, present = _given((r2, w, b))
+    kinds_in = (ROWS,) + tuple(k for k, p in zip((ROWS, WHOLE, WHOLE), present) if p)
+    kinds_out = (ROWS, WHOLE if rms else ROWS, ROWS, ROWS if present[0] else WHOLE)
+    return _family_forward_rows((eps, rms, h_dtype, present), kinds_in, kinds_out, x2, *rest)
+
+
+def _family_backward_local(static, dy, src, mean, rstd, *rest):
+    db_dtype, rms, present = static
+    dh, w = _taken(present, rest)
+    m, n = src.shape
+    w_dtype = None if w is None else _dtype(w)
+    call = _family_backward_call(m, n, _dtype(src), w_dtype, db_dtype, rms, dh is not None)
+    return call(dy, src, mean, rstd, *rest)
+
+
+_family_backward_rows = by_rows(_family_backward_local)
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
@@ -307,14 +369,15 @@ def _norm_fwd(x2, r2, w, b, eps, rms, h_dtype):
 def _norm_bwd(eps, rms, h_dtype, res, grads):
     src, w, mean, rstd, (x_kind, r_kind, b_kind) = res
     dy, dh = grads
-    m, n = src.shape
     s_dtype = _dtype(src)
     w_dtype = None if w is None else _dtype(w)
     db_dtype = _dtype(b_kind) if b_kind is not None else (w_dtype or s_dtype)
-    has_dh = r_kind is not None
-    call = _family_backward_call(m, n, s_dtype, w_dtype, db_dtype, rms, has_dh)
-    extra = ((dh.astype(s_dtype),) if has_dh else ()) + (() if w is None else (w,))
-    dx, dw, db = call(dy.astype(s_dtype), src, mean, rstd, *extra)
+    rest, present = _given((dh.astype(s_dtype) if r_kind is not None else None, w))
+    kinds_in = (ROWS, ROWS, WHOLE if rms else ROWS, ROWS) + tuple(
+        k for k, p in zip((ROWS, WHOLE), present) if p)  # fmt: skip
+    dx, dw, db = _family_backward_rows((db_dtype, rms, present), kinds_in,
+                                       (ROWS, _summed(w), _summed(b_kind)),
+                                       dy.astype(s_dtype), src, mean, rstd, *rest)  # fmt: skip
     return (
         dx.astype(x_kind.dtype),
         None if r_kind is None else dx.astype(r_kind.dtype),

@@ -1,5 +1,6 @@
 """CPU tier of the JAX bridge: the import error without JAX, validation before any launch."""
 
+import json
 import subprocess
 import sys
 
@@ -49,3 +50,57 @@ def test_a_computation_placed_on_the_cpu_says_it_needs_a_gpu():
     x = jax.device_put(jax.numpy.ones((4, 8)), jax.devices("cpu")[0])
     with pytest.raises(Exception, match="cupyln.jax runs on GPU arrays"):
         jax.jit(cj.layer_norm)(x)
+
+
+SHARDED = r"""
+import json, os, sys
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+import jax, jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec as P
+import cupyln.jax as cj
+
+mesh = jax.make_mesh((2,), ("d",))
+w, b = jnp.ones(32, jnp.float32), jnp.zeros(32, jnp.float32)
+losses = {
+    "layer_norm": lambda x, r, w, b: cj.layer_norm(x, w, b),
+    "rms_norm": lambda x, r, w, b: cj.rms_norm(x, w),
+    "add_rms_norm": lambda x, r, w, b: cj.add_rms_norm(x, r, w),
+    "add_layer_norm": lambda x, r, w, b: cj.add_layer_norm(x, r, w, b),
+}
+out = {}
+for layout, spec in (("rows", P("d")), ("width", P(None, None, "d"))):
+    shape = (4, 6, 32)
+    x = jax.device_put(jnp.ones(shape, jnp.bfloat16), NamedSharding(mesh, spec))
+    r = jax.device_put(jnp.ones(shape, jnp.float32), NamedSharding(mesh, spec))
+    for name, f in losses.items():
+        def loss(x, r, w, b):
+            return sum(t.astype(jnp.float32).sum() for t in jax.tree.leaves(f(x, r, w, b)))
+        hlo = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3))).lower(x, r, w, b).compile().as_text()
+        lines = hlo.splitlines()
+        out[f"{layout} {name}"] = {
+            "calls": [l.split(" = ")[1].split(" custom-call(")[0] for l in lines
+                      if " custom-call(" in l and "callback" in l],
+            "gathers": sum(" all-gather(" in l for l in lines),
+            "reduces": [l.split(" = ")[1].split(" all-reduce(")[0] for l in lines
+                        if " all-reduce(" in l],
+        }
+print(json.dumps(out))
+"""
+
+
+def test_jit_over_a_mesh_splits_the_rows():
+    """Under jax.jit on a mesh of two (CPU) devices, compiled, not run: x split by rows stays
+    split (each kernel call takes its device's 12 of 24 rows, no all-gather), only dw and db are
+    summed across devices (all-reduce); x split along its width is gathered and each device
+    runs all 24 rows."""
+    pytest.importorskip("cupyln.jax")
+    done = subprocess.run([sys.executable, "-c", SHARDED], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    for name in ("layer_norm", "rms_norm", "add_rms_norm", "add_layer_norm"):
+        rows, width = (got[f"{k} {name}"] for k in ("rows", "width"))
+        assert len(rows["calls"]) == 2 and rows["gathers"] == 0, (name, rows)
+        assert all(c.startswith(("(bf16[12,32]", "(f32[12,32]")) for c in rows["calls"]), rows
+        summed = 1 if name.startswith(("rms", "add_rms")) else 2  # dw; dw and db
+        assert len(rows["reduces"]) == 1 and rows["reduces"][0].count("f32[32]") == summed, rows
+        assert width["gathers"] > 0 and all("[24,32]" in c for c in width["calls"]), width

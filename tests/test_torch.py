@@ -112,3 +112,17 @@ def test_cpu_tensors_fall_back_to_torch(dtype, shape):
     w = torch.rand(shape, dtype=dtype)
     got = clt.layer_norm(x, shape, w, None, 1e-3)
     assert torch.equal(got, torch.nn.functional.layer_norm(x, shape, w, None, 1e-3))
+
+
+@pytest.mark.parametrize("wrap", ["ddp", "fsdp"])
+def test_two_process_training_harness_on_the_cpu(tmp_path, wrap):
+    """The two-GPU training test's harness (tests/ddp_worker.py) run on the CPU: two gloo
+    ranks, where cupyln.torch's norms take torch's own ops; DDP's and FSDP2's losses, gradients
+    and trained parameters match one process's, as the GPU run checks for cupyln's kernels."""
+    if not torch.distributed.is_available():
+        pytest.skip("torch.distributed is not built here")
+    from .ddp_worker import check_against_one_process, launch
+
+    got = launch(tmp_path / "run.pt", wrap, "rms", cuda_devices="")
+    assert not got["on_gpu"] and got["devices"] == [["cpu"], ["cpu"]]
+    check_against_one_process(got, "rms", torch.device("cpu"))

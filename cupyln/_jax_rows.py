@@ -1,0 +1,89 @@
+"""cupyln.jax's calls partitioned by rows under ``jax.jit`` with sharded arrays.
+
+XLA cannot see into a buffer callback, so by itself it would gather a sharded x onto every
+device before the call. ``by_rows`` tells it what the kernels need (``custom_partitioning``):
+each device normalizes its own rows of x (the rows split over the mesh axes that shard x's
+first dimension), the width and the weights whole on every device; per-row outputs stay split
+like x, and outputs summed over the rows (dw, db) are summed over those axes (``psum``, in
+float32 or wider). A width split over devices is gathered first (a row needs all of it), as is
+a row count that the axes do not divide evenly. On one device the call is the plain call.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from jax.experimental.custom_partitioning import custom_partitioning
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+ROWS, WHOLE, SUM = "rows", "whole", "sum"  # an array's kind: split by rows, whole, summed
+
+
+def _row_axes(mesh, sharding, m: int):
+    """The mesh axes splitting the rows of an (m, ...) operand, or None (rows whole)."""
+    spec = getattr(sharding, "spec", None)
+    if not spec or spec[0] is None:
+        return None
+    axes = spec[0] if isinstance(spec[0], tuple) else (spec[0],)
+    shards = math.prod(mesh.shape[a] for a in axes)
+    return axes if shards > 1 and m % shards == 0 else None
+
+
+def _spec(kind: str, ndim: int, axes) -> P:
+    return P(axes, *([None] * (ndim - 1))) if kind == ROWS and axes else P()
+
+
+def _partition(body, static, kinds_in, kinds_out, mesh, arg_shapes, result_shape):
+    axes = _row_axes(mesh, arg_shapes[0].sharding, arg_shapes[0].shape[0])
+    args = tuple(NamedSharding(mesh, _spec(k, len(a.shape), axes))
+                 for k, a in zip(kinds_in, arg_shapes))  # fmt: skip
+    results = tuple(NamedSharding(mesh, _spec(k, len(r.shape), axes))
+                    for k, r in zip(kinds_out, result_shape))  # fmt: skip
+
+    def lower(*arrays):
+        outs = body(static, *arrays)
+        if axes is None:
+            return outs
+        return tuple(
+            jax.lax.psum(o.astype(jnp.promote_types(o.dtype, jnp.float32)), axes).astype(o.dtype)
+            if k == SUM else o
+            for k, o in zip(kinds_out, outs)
+        )  # fmt: skip
+
+    return mesh, lower, results, args
+
+
+def _rule(static, kinds_in, kinds_out, mesh, operand_types, result_types):
+    """Shardy's rule: factor m for the rows, n for the width (x's last dimension and the
+    vectors of its length; never split), a factor of its own for any other dimension."""
+    extra = iter(f"k{i}" for i in range(64))
+    n = list(operand_types[0].shape)[1]
+
+    def factors(kind, ir_type):
+        dims = list(ir_type.shape)
+        if kind == ROWS:
+            return " ".join(["m", "n"][: len(dims)] + [next(extra) for _ in dims[2:]])
+        return " ".join("n" if d == n and i == 0 else next(extra) for i, d in enumerate(dims))
+
+    lhs = ", ".join(factors(k, t) for k, t in zip(kinds_in, operand_types))
+    rhs = ", ".join(factors(k, t) for k, t in zip(kinds_out, result_types))
+    return f"{lhs} -> {rhs}", {"need_replication_factors": ("n",)}
+
+
+def by_rows(body):
+    """``call(static, kinds_in, kinds_out, *arrays)``: ``body(static, *arrays)`` (a tuple of
+    arrays) partitioned by rows; ``arrays[0]`` is an (m, n) operand of kind ROWS; ``kinds_in``
+    and ``kinds_out`` give every operand's and output's kind (ROWS, WHOLE, SUM)."""
+
+    def fn(static, kinds_in, kinds_out, *arrays):
+        return body(static, *arrays)
+
+    call = custom_partitioning(fn, static_argnums=(0, 1, 2))
+    call.def_partition(
+        partition=lambda *a: _partition(body, *a),
+        sharding_rule=_rule,
+    )
+    return call
