@@ -15,6 +15,10 @@ paths are the same code and neither copies nor synchronizes). Under ``jax.vmap``
 once per batch element (``vmap_method="sequential"``); vmapping over rows of x alone is just a
 bigger x.
 
+Under ``jax.jit`` with arrays split over a mesh, each call is partitioned by rows
+(``_jax_rows``): every device normalizes its own rows, dw and db are summed across devices;
+inside ``jax.shard_map`` the calls take the local rows, typed as JAX's own ops are.
+
 Scratch memory (the backward's dw/db partial sums, and a copy of a weight or bias whose buffer
 is not 64-byte aligned) comes from CuPy's memory pool on XLA's stream, so leave CuPy room:
 set ``XLA_PYTHON_CLIENT_PREALLOCATE=false`` (or a ``XLA_PYTHON_CLIENT_MEM_FRACTION`` below 1)
@@ -135,6 +139,37 @@ def _backward_call(m, n, x_dtype, w_dtype, db_dtype):
 
 
 # ------------------------------------------------------------------ differentiable function
+# Inside jax.shard_map, values carry the mesh axes they vary over. A callback's outputs come back
+# typed as varying over none, so they are marked varying over every axis an input varies over,
+# and a cotangent takes its primal's axes: a weight whole on every device (varying over none)
+# gets the sum of the devices' dw, as JAX's own ops give it.
+def _vma(a) -> frozenset:
+    aval = jax.typeof(a)
+    manual = getattr(aval, "manual_axis_type", None)  # (newer JAX; earlier: aval.vma)
+    return frozenset(manual.varying if manual is not None else getattr(aval, "vma", None) or ())
+
+
+def _cast(a, axes: frozenset):
+    if not axes:
+        return a
+    pcast = getattr(jax.lax, "pcast", None)
+    names = tuple(sorted(axes))
+    return pcast(a, names, to="varying") if pcast else jax.lax.pvary(a, names)
+
+
+def _varying(outs, inputs) -> tuple:
+    axes = frozenset().union(*(_vma(a) for a in inputs))
+    return tuple(_cast(o, axes - _vma(o)) for o in outs)
+
+
+def _cotangent(ct, primal):
+    extra = tuple(sorted(_vma(ct) - _vma(primal)))
+    if extra:
+        wide = jnp.promote_types(ct.dtype, jnp.float32)
+        ct = jax.lax.psum(ct.astype(wide), extra).astype(ct.dtype)
+    return _cast(ct, _vma(primal) - _vma(ct))
+
+
 def _given(arrays) -> tuple:
     """(the arrays that are not None, which are) for a call's optional operands."""
     return tuple(a for a in arrays if a is not None), tuple(a is not None for a in arrays)
@@ -161,7 +196,8 @@ _forward_rows = by_rows(_forward_local)
 
 def _forward(x2, w, b, eps):
     wb, present = _given((w, b))
-    return _forward_rows((eps, present), (ROWS,) + (WHOLE,) * len(wb), (ROWS,) * 3, x2, *wb)
+    outs = _forward_rows((eps, present), (ROWS,) + (WHOLE,) * len(wb), (ROWS,) * 3, x2, *wb)
+    return _varying(outs, (x2, *wb))
 
 
 def _summed(given) -> str:
@@ -186,7 +222,7 @@ def _layer_norm(x2, w, b, eps):
 
 def _layer_norm_fwd(x2, w, b, eps):
     y, mean, rstd = _forward(x2, w, b, eps)
-    b_kind = None if b is None else jnp.zeros((0,), b.dtype)  # b's dtype, not its values
+    b_kind = None if b is None else b[:0]  # b's dtype (and mesh axes), not its values
     return y, (x2, w, mean, rstd, b_kind)
 
 
@@ -199,7 +235,12 @@ def _layer_norm_bwd(eps, res, dy):
     dx, dw, db = _backward_rows((db_dtype, w is not None), (ROWS,) * 4 + (WHOLE,) * len(w_),
                                 (ROWS, _summed(w), _summed(b_kind)), dy.astype(x_dtype), x2,
                                 mean, rstd, *w_)  # fmt: skip
-    return dx, (None if w is None else dw), (None if b_kind is None else db)
+    dx, dw, db = _varying((dx, dw, db), (dy, x2, mean, rstd, *w_))
+    return (
+        _cotangent(dx, x2),
+        None if w is None else _cotangent(dw, w),
+        None if b_kind is None else _cotangent(db, b_kind),
+    )
 
 
 _layer_norm.defvjp(_layer_norm_fwd, _layer_norm_bwd)
@@ -339,7 +380,8 @@ def _family_forward(x2, r2, w, b, eps, rms, h_dtype):
     rest, present = _given((r2, w, b))
     kinds_in = (ROWS,) + tuple(k for k, p in zip((ROWS, WHOLE, WHOLE), present) if p)
     kinds_out = (ROWS, WHOLE if rms else ROWS, ROWS, ROWS if present[0] else WHOLE)
-    return _family_forward_rows((eps, rms, h_dtype, present), kinds_in, kinds_out, x2, *rest)
+    outs = _family_forward_rows((eps, rms, h_dtype, present), kinds_in, kinds_out, x2, *rest)
+    return _varying(outs, (x2, *rest))
 
 
 def _family_backward_local(static, dy, src, mean, rstd, *rest):
@@ -362,7 +404,7 @@ def _norm(x2, r2, w, b, eps, rms, h_dtype):
 
 def _norm_fwd(x2, r2, w, b, eps, rms, h_dtype):
     y, mean, rstd, h = _family_forward(x2, r2, w, b, eps, rms, h_dtype)
-    kinds = tuple(None if a is None else jnp.zeros((0,), a.dtype) for a in (x2, r2, b))
+    kinds = tuple(None if a is None else a[:0] for a in (x2, r2, b))  # dtypes and mesh axes
     return (y, h), (h if r2 is not None else x2, w, mean, rstd, kinds)
 
 
@@ -378,11 +420,12 @@ def _norm_bwd(eps, rms, h_dtype, res, grads):
     dx, dw, db = _family_backward_rows((db_dtype, rms, present), kinds_in,
                                        (ROWS, _summed(w), _summed(b_kind)),
                                        dy.astype(s_dtype), src, mean, rstd, *rest)  # fmt: skip
+    dx, dw, db = _varying((dx, dw, db), (dy, src, mean, rstd, *rest))
     return (
-        dx.astype(x_kind.dtype),
-        None if r_kind is None else dx.astype(r_kind.dtype),
-        None if w is None else dw,
-        None if b_kind is None else db,
+        _cotangent(dx.astype(x_kind.dtype), x_kind),
+        None if r_kind is None else _cotangent(dx.astype(r_kind.dtype), r_kind),
+        None if w is None else _cotangent(dw, w),
+        None if b_kind is None else _cotangent(db, b_kind),
     )
 
 

@@ -68,6 +68,18 @@ losses = {
     "add_layer_norm": lambda x, r, w, b: cj.add_layer_norm(x, r, w, b),
 }
 out = {}
+
+
+def stats(lines):
+    return {
+        "calls": [l.split(" = ")[1].split(" custom-call(")[0] for l in lines
+                  if " custom-call(" in l and "callback" in l],
+        "gathers": sum(" all-gather(" in l for l in lines),
+        "reduces": [l.split(" = ")[1].split(" all-reduce(")[0] for l in lines
+                    if " all-reduce(" in l],
+    }
+
+
 for layout, spec in (("rows", P("d")), ("width", P(None, None, "d"))):
     shape = (4, 6, 32)
     x = jax.device_put(jnp.ones(shape, jnp.bfloat16), NamedSharding(mesh, spec))
@@ -75,15 +87,14 @@ for layout, spec in (("rows", P("d")), ("width", P(None, None, "d"))):
     for name, f in losses.items():
         def loss(x, r, w, b):
             return sum(t.astype(jnp.float32).sum() for t in jax.tree.leaves(f(x, r, w, b)))
-        hlo = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3))).lower(x, r, w, b).compile().as_text()
-        lines = hlo.splitlines()
-        out[f"{layout} {name}"] = {
-            "calls": [l.split(" = ")[1].split(" custom-call(")[0] for l in lines
-                      if " custom-call(" in l and "callback" in l],
-            "gathers": sum(" all-gather(" in l for l in lines),
-            "reduces": [l.split(" = ")[1].split(" all-reduce(")[0] for l in lines
-                        if " all-reduce(" in l],
-        }
+        grad = jax.grad(loss, argnums=(0, 1, 2, 3))
+        for how, step in (("jit", grad), ("shard_map", jax.shard_map(
+                grad, mesh=mesh, in_specs=(spec, spec, P(), P()),
+                out_specs=(spec, spec, P(), P())))):
+            if how == "shard_map" and layout != "rows":
+                continue
+            hlo = jax.jit(step).lower(x, r, w, b).compile().as_text()
+            out[f"{layout} {how} {name}"] = stats(hlo.splitlines())
 print(json.dumps(out))
 """
 
@@ -91,16 +102,19 @@ print(json.dumps(out))
 def test_jit_over_a_mesh_splits_the_rows():
     """Under jax.jit on a mesh of two (CPU) devices, compiled, not run: x split by rows stays
     split (each kernel call takes its device's 12 of 24 rows, no all-gather), only dw and db are
-    summed across devices (all-reduce); x split along its width is gathered and each device
+    summed across devices (all-reduce), and so under jax.shard_map (the weights' gradients
+    summed as JAX's own ops sum them); x split along its width is gathered and each device
     runs all 24 rows."""
     pytest.importorskip("cupyln.jax")
     done = subprocess.run([sys.executable, "-c", SHARDED], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     got = json.loads(done.stdout.strip().splitlines()[-1])
     for name in ("layer_norm", "rms_norm", "add_rms_norm", "add_layer_norm"):
-        rows, width = (got[f"{k} {name}"] for k in ("rows", "width"))
-        assert len(rows["calls"]) == 2 and rows["gathers"] == 0, (name, rows)
-        assert all(c.startswith(("(bf16[12,32]", "(f32[12,32]")) for c in rows["calls"]), rows
-        summed = 1 if name.startswith(("rms", "add_rms")) else 2  # dw; dw and db
-        assert len(rows["reduces"]) == 1 and rows["reduces"][0].count("f32[32]") == summed, rows
+        width = got[f"width jit {name}"]
+        for rows in (got[f"rows jit {name}"], got[f"rows shard_map {name}"]):
+            assert len(rows["calls"]) == 2 and rows["gathers"] == 0, (name, rows)
+            assert all(c.startswith(("(bf16[12,32]", "(f32[12,32]")) for c in rows["calls"]), rows
+            summed = 1 if name.startswith(("rms", "add_rms")) else 2  # dw; dw and db
+            assert len(rows["reduces"]) == 1, rows
+            assert rows["reduces"][0].count("f32[32]") == summed, rows
         assert width["gathers"] > 0 and all("[24,32]" in c for c in width["calls"]), width
