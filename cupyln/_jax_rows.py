@@ -36,12 +36,27 @@ def _spec(kind: str, ndim: int, axes) -> P:
     return P(axes, *([None] * (ndim - 1))) if kind == ROWS and axes else P()
 
 
-def _partition(body, static, kinds_in, kinds_out, mesh, arg_shapes, result_shape):
-    axes = _row_axes(mesh, arg_shapes[0].sharding, arg_shapes[0].shape[0])
+def _shardings(kinds_in, kinds_out, mesh, arg_shapes, result_shape):
+    """(row axes, operands' shardings, outputs' shardings) of the call: the rows split as the
+    first row operand that is split."""
+    m = arg_shapes[0].shape[0]
+    split = (_row_axes(mesh, a.sharding, m) for k, a in zip(kinds_in, arg_shapes)
+             if k == ROWS and len(a.shape) and a.shape[0] == m)  # fmt: skip
+    axes = next((a for a in split if a is not None), None)  # (a gradient may come whole)
     args = tuple(NamedSharding(mesh, _spec(k, len(a.shape), axes))
                  for k, a in zip(kinds_in, arg_shapes))  # fmt: skip
     results = tuple(NamedSharding(mesh, _spec(k, len(r.shape), axes))
                     for k, r in zip(kinds_out, result_shape))  # fmt: skip
+    return axes, args, results
+
+
+def _infer(static, kinds_in, kinds_out, mesh, arg_shapes, result_shape):
+    """The outputs' shardings (the GSPMD partitioner's question; Shardy reads _rule)."""
+    return _shardings(kinds_in, kinds_out, mesh, arg_shapes, result_shape)[2]
+
+
+def _partition(body, static, kinds_in, kinds_out, mesh, arg_shapes, result_shape):
+    axes, args, results = _shardings(kinds_in, kinds_out, mesh, arg_shapes, result_shape)
 
     def lower(*arrays):
         outs = body(static, *arrays)
@@ -84,6 +99,7 @@ def by_rows(body):
     call = custom_partitioning(fn, static_argnums=(0, 1, 2))
     call.def_partition(
         partition=lambda *a: _partition(body, *a),
+        infer_sharding_from_operands=_infer,
         sharding_rule=_rule,
     )
     return call

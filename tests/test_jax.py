@@ -59,6 +59,7 @@ import jax, jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec as P
 import cupyln.jax as cj
 
+jax.config.update("jax_use_shardy_partitioner", sys.argv[1] == "shardy")
 mesh = jax.make_mesh((2,), ("d",))
 w, b = jnp.ones(32, jnp.float32), jnp.zeros(32, jnp.float32)
 losses = {
@@ -99,14 +100,19 @@ print(json.dumps(out))
 """
 
 
-def test_jit_over_a_mesh_splits_the_rows():
+@pytest.mark.parametrize("partitioner", ["shardy", "gspmd"])
+def test_jit_over_a_mesh_splits_the_rows(partitioner):
     """Under jax.jit on a mesh of two (CPU) devices, compiled, not run: x split by rows stays
     split (each kernel call takes its device's 12 of 24 rows, no all-gather), only dw and db are
     summed across devices (all-reduce), and so under jax.shard_map (the weights' gradients
     summed as JAX's own ops sum them); x split along its width is gathered and each device
-    runs all 24 rows."""
+    runs all 24 rows. With either of XLA's partitioners (Shardy, JAX's default, and GSPMD)."""
+    jax = pytest.importorskip("jax")
     pytest.importorskip("cupyln.jax")
-    done = subprocess.run([sys.executable, "-c", SHARDED], capture_output=True, text=True)
+    if not hasattr(jax.config, "jax_use_shardy_partitioner"):
+        pytest.skip("this JAX has one partitioner")
+    cmd = [sys.executable, "-c", SHARDED, partitioner]
+    done = subprocess.run(cmd, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     got = json.loads(done.stdout.strip().splitlines()[-1])
     for name in ("layer_norm", "rms_norm", "add_rms_norm", "add_layer_norm"):
