@@ -32,6 +32,11 @@ def _row_axes(mesh, sharding, m: int):
     return axes if shards > 1 and m % shards == 0 else None
 
 
+def psum_wide(a, axes):
+    """``a`` summed over the mesh ``axes`` in float32 (or a's own wider dtype), back in a's."""
+    return jax.lax.psum(a.astype(jnp.promote_types(a.dtype, jnp.float32)), axes).astype(a.dtype)
+
+
 def _spec(kind: str, ndim: int, axes) -> P:
     return P(axes, *([None] * (ndim - 1))) if kind == ROWS and axes else P()
 
@@ -62,11 +67,7 @@ def _partition(body, static, kinds_in, kinds_out, mesh, arg_shapes, result_shape
         outs = body(static, *arrays)
         if axes is None:
             return outs
-        return tuple(
-            jax.lax.psum(o.astype(jnp.promote_types(o.dtype, jnp.float32)), axes).astype(o.dtype)
-            if k == SUM else o
-            for k, o in zip(kinds_out, outs)
-        )  # fmt: skip
+        return tuple(psum_wide(o, axes) if k == SUM else o for k, o in zip(kinds_out, outs))
 
     return mesh, lower, results, args
 

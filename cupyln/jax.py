@@ -44,7 +44,7 @@ import numpy
 
 from . import _checks, _launcher, _runtime
 from ._dtypes import acc_dtype
-from ._jax_rows import ROWS, SUM, WHOLE, by_rows
+from ._jax_rows import ROWS, SUM, WHOLE, by_rows, psum_wide
 
 __all__ = ["layer_norm", "rms_norm", "add_rms_norm", "add_layer_norm", "precompile"]
 
@@ -165,8 +165,7 @@ def _varying(outs, inputs) -> tuple:
 def _cotangent(ct, primal):
     extra = tuple(sorted(_vma(ct) - _vma(primal)))
     if extra:
-        wide = jnp.promote_types(ct.dtype, jnp.float32)
-        ct = jax.lax.psum(ct.astype(wide), extra).astype(ct.dtype)
+        ct = psum_wide(ct, extra)
     return _cast(ct, _vma(primal) - _vma(ct))
 
 

@@ -37,13 +37,13 @@ constexpr long SMEM_BLOCK_OPTIN = 227L * 1024;
 constexpr long SMEM_BLOCK_OPTIN = 99L * 1024;
 #endif
 
-// Blocks of BLOCK threads an SM that the register tiers' launch bounds ask for, where the plans
-// aim at `blocks` of them (the threads an SM tuned on sm_90): ptxas for sm_100 and later needs
-// more registers for the same code and spills at sm_90's budget, so there they ask for three
-// quarters of those threads (the occupancy API then sizes the grids). Unchanged before sm_100.
-__host__ __device__ constexpr int sm_blocks(int blocks, int block) {
+// Blocks an SM that the register tiers' launch bounds ask for, where the plans aim at `blocks`
+// (the threads an SM tuned on sm_90): ptxas for sm_100 and later needs more registers for the
+// same code and spills at sm_90's budget, so there they ask for three quarters of those blocks,
+// at least one (the occupancy API then sizes the grids). Unchanged before sm_100.
+__host__ __device__ constexpr int sm_blocks(int blocks) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000
-  return blocks * block * 3 / 4 / block > 0 ? blocks * block * 3 / 4 / block : 1;
+  return blocks * 3 / 4 > 0 ? blocks * 3 / 4 : 1;
 #else
   return blocks;
 #endif

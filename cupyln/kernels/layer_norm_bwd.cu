@@ -47,7 +47,7 @@ struct BwdRegBlocks {
   static constexpr bool lean = TPR > 32 && TPR < BLOCK && ITEMS * VEC <= 12;
   static constexpr int threads = SHARED_SUMS || lean ? 1024
                                  : sizeof(T) == 2 ? 768 : ITEMS <= 4 ? 640 : 0;
-  static constexpr int by_threads = sm_blocks(threads / BLOCK > 0 ? threads / BLOCK : 1, BLOCK);
+  static constexpr int by_threads = sm_blocks(threads / BLOCK > 0 ? threads / BLOCK : 1);
   static constexpr long values = static_cast<long>(BLOCK) * ITEMS * (16 / sizeof(T));
   static constexpr long smem = 2 * values * (sizeof(T) + sizeof(typename AccOf<T>::type)) +
                                (STAGE_W ? values * sizeof(T) : 0);

@@ -112,7 +112,7 @@ __device__ __forceinline__ void center(Pack<A, VEC> (&dst)[ITEMS], const S (&src
 // (the plans keep it <= 64 values as loaded, 16 for double; centered, <= 128 bytes of A).
 template <typename T, typename TW, typename TB, int VEC, int ITEMS, int TPR, int BLOCK, int MINB,
           bool CENTER, int WHOLE, bool RMS, typename TR, typename TH>
-__global__ void __launch_bounds__(BLOCK, sm_blocks(MINB, BLOCK))
+__global__ void __launch_bounds__(BLOCK, sm_blocks(MINB))
     ln_fwd_reg(CUPYLN_FWD_PARAMS) {
   typedef typename AccOf<T>::type A;
   constexpr bool RES = !IsVoid<TR>::value;
@@ -225,7 +225,7 @@ __global__ void __launch_bounds__(BLOCK, sm_blocks(MINB, BLOCK))
 // registers of data a thread.
 template <typename T, typename TW, typename TB, int VEC, int ITEMS, int BLOCK, int C, int MINB,
           bool STAGE_WB, bool LAG, bool RMS>
-__global__ void CUPYLN_CLUSTER(C) __launch_bounds__(BLOCK, sm_blocks(MINB, BLOCK))
+__global__ void CUPYLN_CLUSTER(C) __launch_bounds__(BLOCK, sm_blocks(MINB))
     ln_fwd_reg_cluster(CUPYLN_FWD_PARAMS) {
   typedef typename AccOf<T>::type A;
   typedef Pack<T, VEC> P;
