@@ -15,6 +15,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+from jax.custom_batching import custom_vmap
 from jax.experimental.custom_partitioning import custom_partitioning
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -92,15 +93,36 @@ def _rule(static, kinds_in, kinds_out, mesh, operand_types, result_types):
 def by_rows(body):
     """``call(static, kinds_in, kinds_out, *arrays)``: ``body(static, *arrays)`` (a tuple of
     arrays) partitioned by rows; ``arrays[0]`` is an (m, n) operand of kind ROWS; ``kinds_in``
-    and ``kinds_out`` give every operand's and output's kind (ROWS, WHOLE, SUM)."""
+    and ``kinds_out`` give every operand's and output's kind (ROWS, WHOLE, SUM). Under
+    ``jax.vmap`` it runs once per batch element (``custom_partitioning`` has no batching rule
+    of its own), as the buffer callback inside does."""
 
     def fn(static, kinds_in, kinds_out, *arrays):
         return body(static, *arrays)
 
-    call = custom_partitioning(fn, static_argnums=(0, 1, 2))
-    call.def_partition(
+    part = custom_partitioning(fn, static_argnums=(0, 1, 2))
+    part.def_partition(
         partition=lambda *a: _partition(body, *a),
         infer_sharding_from_operands=_infer,
         sharding_rule=_rule,
     )
+
+    def call(static, kinds_in, kinds_out, *arrays):
+        @custom_vmap
+        def one(*arrays):
+            return part(static, kinds_in, kinds_out, *arrays)
+
+        @one.def_vmap
+        def each(axis_size, in_batched, *arrays):
+            batched = [a for a, b in zip(arrays, in_batched) if b]
+
+            def element(sliced):
+                it = iter(sliced)
+                return one(*(next(it) if b else a for a, b in zip(arrays, in_batched)))
+
+            outs = jax.lax.map(element, batched)
+            return outs, jax.tree.map(lambda _: True, outs)
+
+        return one(*arrays)
+
     return call

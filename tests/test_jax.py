@@ -52,9 +52,37 @@ def test_a_computation_placed_on_the_cpu_says_it_needs_a_gpu():
         jax.jit(cj.layer_norm)(x)
 
 
+def test_vmap_loops_over_the_batch():
+    """jax.vmap of each function and of its gradient, traced on CPU (nothing launched): the
+    kernel calls, forward and backward, each run in a loop over the batch (lax.map); w and b
+    batched too (a weight per element)."""
+    jax = pytest.importorskip("jax")
+    jnp = jax.numpy
+    cj = pytest.importorskip("cupyln.jax")
+    x = r = jnp.ones((3, 20, 256), jnp.bfloat16)
+    w = b = jnp.ones((3, 256), jnp.float32)
+    calls = {
+        "layer_norm": lambda x, r, w, b: cj.layer_norm(x, w, b),
+        "rms_norm": lambda x, r, w, b: cj.rms_norm(x, w) + r,
+        "add_rms_norm": lambda x, r, w, b: cj.add_rms_norm(x, r, w),
+        "add_layer_norm": lambda x, r, w, b: cj.add_layer_norm(x, r, w, b),
+    }
+    for name, f in calls.items():
+
+        def loss(x, r, w, b, f=f):
+            return sum(t.astype(jnp.float32).sum() for t in jax.tree.leaves(f(x, r, w, b)))
+
+        step = jax.vmap(jax.value_and_grad(loss, argnums=(0, 1, 2, 3)))
+        jaxpr = jax.make_jaxpr(step)(x, r, w, b)
+        shapes = [a.shape for a in jaxpr.out_avals]
+        assert shapes == [(3,), x.shape, x.shape, w.shape, w.shape], (name, shapes)
+        assert str(jaxpr).count("length=3") == 2, name
+
+
 SHARDED = r"""
 import json, os, sys
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+os.environ["JAX_PLATFORMS"] = "cpu"  # (a GPU machine's default backend has its own devices)
 import jax, jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec as P
 import cupyln.jax as cj
