@@ -12,10 +12,11 @@ a row count that the axes do not divide evenly. On one device the call is the pl
 from __future__ import annotations
 
 import math
+from functools import cache
 
 import jax
 import jax.numpy as jnp
-from jax.custom_batching import custom_vmap
+from jax.custom_batching import sequential_vmap
 from jax.experimental.custom_partitioning import custom_partitioning
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -95,7 +96,9 @@ def by_rows(body):
     arrays) partitioned by rows; ``arrays[0]`` is an (m, n) operand of kind ROWS; ``kinds_in``
     and ``kinds_out`` give every operand's and output's kind (ROWS, WHOLE, SUM). Under
     ``jax.vmap`` it runs once per batch element (``custom_partitioning`` has no batching rule
-    of its own), as the buffer callback inside does."""
+    of its own), as the buffer callback inside does. An eager call on arrays of one device
+    each is the plain call: both wrappers trace their function at every eager call, which
+    costs far more host time than the call, and have nothing to do there."""
 
     def fn(static, kinds_in, kinds_out, *arrays):
         return body(static, *arrays)
@@ -107,22 +110,24 @@ def by_rows(body):
         sharding_rule=_rule,
     )
 
-    def call(static, kinds_in, kinds_out, *arrays):
-        @custom_vmap
+    @cache
+    def mapped(static, kinds_in, kinds_out):
         def one(*arrays):
             return part(static, kinds_in, kinds_out, *arrays)
 
-        @one.def_vmap
-        def each(axis_size, in_batched, *arrays):
-            batched = [a for a, b in zip(arrays, in_batched) if b]
+        return sequential_vmap(one)
 
-            def element(sliced):
-                it = iter(sliced)
-                return one(*(next(it) if b else a for a, b in zip(arrays, in_batched)))
-
-            outs = jax.lax.map(element, batched)
-            return outs, jax.tree.map(lambda _: True, outs)
-
-        return one(*arrays)
+    def call(static, kinds_in, kinds_out, *arrays):
+        if all(_on_one_device(a) for a in arrays):
+            return body(static, *arrays)
+        return mapped(static, kinds_in, kinds_out)(*arrays)
 
     return call
+
+
+def _on_one_device(a) -> bool:
+    """Whether ``a`` is a concrete array on a single device."""
+    try:
+        return len(a.devices()) == 1
+    except Exception:  # noqa: BLE001 - a tracer: under a transformation, never eager
+        return False
