@@ -125,9 +125,16 @@ def by_rows(body):
     return call
 
 
+def devices(a):
+    """The devices holding a concrete array ``a``, or None for a tracer (under a
+    transformation XLA places it, and nothing runs eagerly)."""
+    try:
+        return a.devices()
+    except Exception:  # noqa: BLE001 - a tracer's devices() raises
+        return None
+
+
 def _on_one_device(a) -> bool:
     """Whether ``a`` is a concrete array on a single device."""
-    try:
-        return len(a.devices()) == 1
-    except Exception:  # noqa: BLE001 - a tracer: under a transformation, never eager
-        return False
+    held = devices(a)
+    return held is not None and len(held) == 1

@@ -44,7 +44,7 @@ import numpy
 
 from . import _checks, _launcher, _runtime
 from ._dtypes import acc_dtype
-from ._jax_rows import ROWS, SUM, WHOLE, by_rows, psum_wide
+from ._jax_rows import ROWS, SUM, WHOLE, by_rows, devices, psum_wide
 
 __all__ = ["layer_norm", "rms_norm", "add_rms_norm", "add_layer_norm", "precompile"]
 
@@ -259,10 +259,10 @@ def _check(a, name: str, n: int | None = None):
 def _check_device(a, name: str) -> None:
     if a is None:
         return
-    try:
-        platforms = {d.platform for d in a.devices()}
-    except Exception:  # noqa: BLE001 - a tracer under jit: XLA places it
+    held = devices(a)
+    if held is None:  # a tracer under jit: XLA places it
         return
+    platforms = {d.platform for d in held}
     if platforms != {"gpu"}:
         raise ValueError(f"{name} must be on a GPU; got an array on {sorted(platforms)}")
 
