@@ -280,6 +280,18 @@ __device__ __forceinline__ void bwd_reg_rows(
   };
   constexpr bool KEEP_G = Blocks::value == 1 && !SHARED_SUMS;
   A kept[KEEP_G ? ITEMS : 1][VEC];
+  // EARLY (DH where a block has its SM alone, or in a cluster): the row's dh packs are loaded
+  // before its reduction (a cluster: before the wait for the cluster's sums), so their latency
+  // overlaps the barrier or the wait, which no other block on the SM covers; where blocks share
+  // an SM, they cover it and the registers are short.
+  constexpr bool EARLY = DH && (C > 1 || Blocks::value == 1);
+  P rh[EARLY ? ITEMS : 1];
+  auto load_dh = [&](const i64 r) {
+    row_packs<ITEMS, TPR, VEC>(dh + r * dh_stride + lo, dh + r * dh_stride + lo, lane, n,
+                               [&](const int i, const T* hp, const T*) {
+      rh[i] = *reinterpret_cast<const P*>(hp);
+    });
+  };
 
   // pass 1: this thread's part of the row sums sum(xhat * g), sum(g) of set s (and without
   // SHARED_SUMS its dw/db)
@@ -310,7 +322,7 @@ __device__ __forceinline__ void bwd_reg_rows(
   auto pass2 = [&](const int s, const i64 row, const A c1, const A c2_row) {
     const A c2 = RMS ? A(0) : c2_row;
     T* __restrict__ dxr = dx + row * N + lo;
-    const T* __restrict__ dhr = DH ? dh + row * dh_stride + lo : nullptr;
+    const T* __restrict__ dhr = DH && !EARLY ? dh + row * dh_stride + lo : nullptr;
     const A r = r_s[s];
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
@@ -351,7 +363,12 @@ __device__ __forceinline__ void bwd_reg_rows(
             o[k] = (g[k] - (xh[k] * c1 + c2)) * r;
           }
         }
-        if constexpr (DH) add_grad<T, A, VEC>(dhr + col, o);
+        if constexpr (EARLY) {
+#pragma unroll
+          for (int k = 0; k < VEC; ++k) o[k] += widen_at<A>(rh[i], k);
+        } else if constexpr (DH) {
+          add_grad<T, A, VEC>(dhr + col, o);
+        }
         store_pack<T, A, VEC, (C > 1)>(dxr + col, o);
       }
     }
@@ -374,6 +391,7 @@ __device__ __forceinline__ void bwd_reg_rows(
       exchange.send({s1, s2});
     };
     auto finish = [&](const int s, const i64 r) {  // the cluster's sums of row r, its dx
+      if constexpr (EARLY) load_dh(r);
       A sums[2];
       exchange.receive_sums(sums);
       pass2(s, r, sums[0] * inv_n, sums[1] * inv_n);
@@ -393,6 +411,7 @@ __device__ __forceinline__ void bwd_reg_rows(
       } else {
         fetch(row);
       }
+      if constexpr (EARLY) load_dh(row);
       A s1, s2;
       pass1(0, s1, s2);
       // AHEAD: the next row's copies go out before the block's barrier, so they overlap the
