@@ -465,6 +465,14 @@ template <>
 struct IsVoid<void> {
   static constexpr bool value = true;
 };
+template <typename X>
+struct IsHalf {
+  static constexpr bool value = false;
+};
+template <>
+struct IsHalf<half_t> {
+  static constexpr bool value = true;
+};
 template <typename A>
 __device__ __forceinline__ A rsqrt_acc(A v);
 template <>

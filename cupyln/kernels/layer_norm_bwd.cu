@@ -283,8 +283,10 @@ __device__ __forceinline__ void bwd_reg_rows(
   // EARLY (DH where a block has its SM alone, or in a cluster): the row's dh packs are loaded
   // before its reduction (a cluster: before the wait for the cluster's sums), so their latency
   // overlaps the barrier or the wait, which no other block on the SM covers; where blocks share
-  // an SM, they cover it and the registers are short.
-  constexpr bool EARLY = DH && (C > 1 || Blocks::value == 1);
+  // an SM, they cover it and the registers are short. Not in float16 LayerNorm clusters, whose
+  // widening already fills the registers: there the dh registers spilled and ran slower.
+  constexpr bool EARLY =
+      DH && (Blocks::value == 1 || (C > 1 && (RMS || !IsHalf<T>::value)));
   P rh[EARLY ? ITEMS : 1];
   auto load_dh = [&](const i64 r) {
     row_packs<ITEMS, TPR, VEC>(dh + r * dh_stride + lo, dh + r * dh_stride + lo, lane, n,
