@@ -29,6 +29,13 @@
 
 namespace cupyln {
 
+// sm_100 and later (their ptxas allocates the register tiers differently; never tuned there)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000
+constexpr bool NEWER_ARCH = true;
+#else
+constexpr bool NEWER_ARCH = false;
+#endif
+
 // Blocks of the register tier asked to fit one SM (launch bounds): as many as hold 768 threads
 // for 16-bit T (80 registers a thread), 640 for wider T with at most 4 vector slots (102; more
 // slots spill), else one: registers would otherwise leave a wide row's block alone on its SM.
@@ -280,13 +287,16 @@ __device__ __forceinline__ void bwd_reg_rows(
   };
   constexpr bool KEEP_G = Blocks::value == 1 && !SHARED_SUMS;
   A kept[KEEP_G ? ITEMS : 1][VEC];
-  // EARLY (DH where a block has its SM alone, or in a cluster): the row's dh packs are loaded
-  // before its reduction (a cluster: before the wait for the cluster's sums), so their latency
-  // overlaps the barrier or the wait, which no other block on the SM covers; where blocks share
-  // an SM, they cover it and the registers are short. Not in float16 LayerNorm clusters, whose
-  // widening already fills the registers: there the dh registers spilled and ran slower.
-  constexpr bool EARLY =
-      DH && (Blocks::value == 1 || (C > 1 && (RMS || !IsHalf<T>::value)));
+  // EARLY (16-bit DH rows where a block has its SM alone, or in clusters of two blocks an SM):
+  // the row's dh packs are loaded before its reduction (a cluster: before the wait for the
+  // cluster's sums), so their latency overlaps the barrier or the wait, which no other block on
+  // the SM covers; where blocks share an SM, they cover it and the registers are short. Not in
+  // float16 LayerNorm clusters, whose widening already fills the registers, nor in clusters of
+  // three blocks an SM: there the dh registers spilled (and float16's ran slower). sm_90 only:
+  // later architectures' ptxas spilled them too.
+  constexpr bool EARLY = DH && sizeof(T) == 2 && !NEWER_ARCH &&
+                         (C == 1 ? Blocks::value == 1
+                                 : LagBlocks<BLOCK>::value == 2 && (RMS || !IsHalf<T>::value));
   P rh[EARLY ? ITEMS : 1];
   auto load_dh = [&](const i64 r) {
     row_packs<ITEMS, TPR, VEC>(dh + r * dh_stride + lo, dh + r * dh_stride + lo, lane, n,
