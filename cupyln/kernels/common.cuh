@@ -37,16 +37,20 @@ constexpr long SMEM_BLOCK_OPTIN = 227L * 1024;
 constexpr long SMEM_BLOCK_OPTIN = 99L * 1024;
 #endif
 
+// Built for sm_100 or later: their ptxas needs more registers for the same code than sm_90's,
+// on which every register budget here was tuned.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000
+constexpr bool NEWER_ARCH = true;
+#else
+constexpr bool NEWER_ARCH = false;
+#endif
+
 // Blocks an SM that the register tiers' launch bounds ask for, where the plans aim at `blocks`
 // (the threads an SM tuned on sm_90): ptxas for sm_100 and later needs more registers for the
 // same code and spills at sm_90's budget, so there they ask for three quarters of those blocks,
 // at least one (the occupancy API then sizes the grids). Unchanged before sm_100.
 __host__ __device__ constexpr int sm_blocks(int blocks) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000
-  return blocks * 3 / 4 > 0 ? blocks * 3 / 4 : 1;
-#else
-  return blocks;
-#endif
+  return NEWER_ARCH ? (blocks * 3 / 4 > 0 ? blocks * 3 / 4 : 1) : blocks;
 }
 
 // The 32-bit shared-memory address of a pointer into __shared__ memory (for cp.async, mbarrier
@@ -457,20 +461,12 @@ __device__ __forceinline__ void sum_over_y(A& a, A& b) {
 }
 
 // ------------------------------------------------------------------ the norm family
-template <typename X>
-struct IsVoid {
+template <typename X, typename Y>
+struct Same {  // whether X and Y are one type (NVRTC here has no <type_traits>)
   static constexpr bool value = false;
 };
-template <>
-struct IsVoid<void> {
-  static constexpr bool value = true;
-};
 template <typename X>
-struct IsHalf {
-  static constexpr bool value = false;
-};
-template <>
-struct IsHalf<half_t> {
+struct Same<X, X> {
   static constexpr bool value = true;
 };
 template <typename A>

@@ -29,13 +29,6 @@
 
 namespace cupyln {
 
-// sm_100 and later (their ptxas allocates the register tiers differently; never tuned there)
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000
-constexpr bool NEWER_ARCH = true;
-#else
-constexpr bool NEWER_ARCH = false;
-#endif
-
 // Blocks of the register tier asked to fit one SM (launch bounds): as many as hold 768 threads
 // for 16-bit T (80 registers a thread), 640 for wider T with at most 4 vector slots (102; more
 // slots spill), else one: registers would otherwise leave a wide row's block alone on its SM.
@@ -294,15 +287,18 @@ __device__ __forceinline__ void bwd_reg_rows(
   // float16 LayerNorm clusters, whose widening already fills the registers, nor in clusters of
   // three blocks an SM: there the dh registers spilled (and float16's ran slower). sm_90 only:
   // later architectures' ptxas spilled them too.
-  constexpr bool EARLY = DH && sizeof(T) == 2 && !NEWER_ARCH &&
-                         (C == 1 ? Blocks::value == 1
-                                 : LagBlocks<BLOCK>::value == 2 && (RMS || !IsHalf<T>::value));
+  constexpr bool EARLY =
+      DH && sizeof(T) == 2 && !NEWER_ARCH &&
+      (C == 1 ? Blocks::value == 1
+              : LagBlocks<BLOCK>::value == 2 && (RMS || !Same<T, half_t>::value));
   P rh[EARLY ? ITEMS : 1];
   auto load_dh = [&](const i64 r) {
-    row_packs<ITEMS, TPR, VEC>(dh + r * dh_stride + lo, dh + r * dh_stride + lo, lane, n,
-                               [&](const int i, const T* hp, const T*) {
-      rh[i] = *reinterpret_cast<const P*>(hp);
-    });
+    const T* __restrict__ dhr = dh + r * dh_stride + lo;
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+      const int col = (i * TPR + lane) * VEC;
+      if (col < n) rh[i] = *reinterpret_cast<const P*>(dhr + col);
+    }
   };
 
   // pass 1: this thread's part of the row sums sum(xhat * g), sum(g) of set s (and without

@@ -115,7 +115,7 @@ template <typename T, typename TW, typename TB, int VEC, int ITEMS, int TPR, int
 __global__ void __launch_bounds__(BLOCK, sm_blocks(MINB))
     ln_fwd_reg(CUPYLN_FWD_PARAMS) {
   typedef typename AccOf<T>::type A;
-  constexpr bool RES = !IsVoid<TR>::value;
+  constexpr bool RES = !Same<TR, void>::value;
   typedef typename choose_type<RES, TH, T>::type TI;  // what the row holds: h, or x
   typedef Pack<TI, VEC> P;
   static_assert(TPR <= 32 ? (32 % TPR == 0 && BLOCK % 32 == 0) : TPR == BLOCK, "bad tiling");

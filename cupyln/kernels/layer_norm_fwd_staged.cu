@@ -174,14 +174,14 @@ template <typename T, typename TR, typename TH, int VEC, typename TW = T, typena
 __global__ void __launch_bounds__(256)
     ln_fwd_add(CUPYLN_FWD_PARAMS) {
   typedef typename AccOf<T>::type A;
-  typedef typename choose_type<IsVoid<TR>::value, T, TR>::type R;
+  typedef typename choose_type<Same<TR, void>::value, T, TR>::type R;
   const i64 nv = N / VEC, total = M * nv;
   for (i64 i = static_cast<i64>(blockIdx.x) * 256 + threadIdx.x; i < total;
        i += static_cast<i64>(gridDim.x) * 256) {
     const i64 row = i / nv, col = (i - row * nv) * VEC;
     const Pack<T, VEC> px = *reinterpret_cast<const Pack<T, VEC>*>(x + row * x_stride + col);
     Pack<R, VEC> pr;
-    if constexpr (IsVoid<TR>::value) {
+    if constexpr (Same<TR, void>::value) {
 #pragma unroll
       for (int e = 0; e < VEC; ++e) pr.v[e] = narrow<R>(A(0));
     } else {
