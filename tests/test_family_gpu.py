@@ -159,8 +159,8 @@ def test_rms_norm_and_zero_rows():
 
 
 # ------------------------------------------------------------------ residual add
-RES_CASES = [(m, n) for n in [1, 127, 769, 1024, 4096, 16384, 32768, 262144] for m in [1, 37, 700]
-             if m * n <= 30_000_000]  # fmt: skip
+RES_CASES = [(m, n) for n in [1, 127, 769, 1024, 4096, 16384, 24576, 32768, 65536, 262144]
+             for m in [1, 37, 700] if m * n <= 30_000_000]  # fmt: skip
 
 
 @pytest.mark.parametrize("m,n", RES_CASES, ids=[f"{m}x{n}" for m, n in RES_CASES])
@@ -203,8 +203,9 @@ def test_add_norm(norm, xdt, rdt, hdt, m, n):
     ref.assert_close(dw, dwr, "dw", atol_scale=math.sqrt(m), arithmetic=ar)
 
 
-def test_add_strided_residual_and_no_dh():
-    m, n = 300, 4096
+@pytest.mark.parametrize("n", [4096, 32768])  # register rows, register clusters
+def test_add_strided_residual_and_no_dh(n):
+    m = 300
     x = fresh((m, n), "bfloat16")
     r = fresh((m, n + 64), "bfloat16")[:, 32 : 32 + n]  # rows at stride n + 64
     w = fresh((n,), "bfloat16", loc=1.0, scale=0.3)

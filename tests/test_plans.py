@@ -113,6 +113,38 @@ def _check_fwd_reg_cluster(plan, n, dtype, vec, clusters):
         assert staged or c > 2 or plan.block % 64, plan  # (else split over four blocks)
 
 
+def test_residual_rows_past_one_block_split_over_a_cluster():
+    """With a residual add, 16-bit rows past one block (x, residual and h of one dtype) take a
+    register cluster that fuses the add: FWD_RES_ITEMS packs a thread in the fewest blocks of at
+    most the residual's threads an SM over FWD_RES_CLUSTER_SPLIT, that many blocks an SM (launch
+    bounds), no LAG; mixed dtypes, float32 rows and devices without clusters run unfused."""
+    bf16, f16, f32 = ref.BFLOAT16, np.dtype(np.float16), np.dtype(np.float32)
+    for dt, threads in ((bf16, F.FWD_RES_THREADS), (f16, F.FWD_RES_THREADS_FP16)):
+        cap = threads // F.FWD_RES_CLUSTER_SPLIT
+        for n in range(16384 + 1024, 131072 + 1, 4096):
+            for rms in (False, True):
+                p = F.forward_plan(n, dt, dt, dt, 8, SMEM_H100, C.MAX_CLUSTER, rms=rms,
+                                   residual=(dt, dt))  # fmt: skip
+                if p.tier == "stream":
+                    continue
+                packs, c = n // 8, p.cluster
+                if -(-packs // C.MAX_CLUSTER) > cap * F.FWD_RES_ITEMS:  # no cluster holds it
+                    assert p.unfused, (n, p)
+                    continue
+                assert not p.unfused and p.kernel.name == "ln_fwd_reg_cluster", (n, p)
+                assert (p.arg("TR"), p.arg("TH"), p.arg("RMS")) == (dt, dt, rms)
+                assert p.items == F.FWD_RES_ITEMS and p.block <= cap and not p.arg("LAG")
+                assert -(-packs // c) <= p.block * p.items, (n, p)  # the slices fit
+                assert -(-packs // (c // 2)) > cap * p.items, (n, p)  # the fewest blocks
+                assert p.arg("MINB") == threads // p.block, (n, p)
+        a100 = F.forward_plan(32768, dt, dt, dt, 8, SMEM_A100, 1, residual=(dt, dt))
+        assert a100.unfused
+        mixed = F.forward_plan(32768, dt, dt, dt, 8, SMEM_H100, C.MAX_CLUSTER, residual=(f32, f32))
+        assert mixed.unfused
+    wide = F.forward_plan(32768, f32, f32, f32, 4, SMEM_H100, C.MAX_CLUSTER, residual=(f32, f32))
+    assert wide.unfused
+
+
 def test_forward_cluster_copies_fit_the_device():
     """The register clusters' copies of w and b never ask for more shared memory than the
     device gives a block, and a device with less of it than FWD_STAGE_WB_SM (clusters with

@@ -53,6 +53,8 @@ SIGNATURES: dict[str, tuple[str, ...]] = {
         "STAGE_WB",
         "LAG",
         "RMS",
+        "TR",
+        "TH",
     ),  # fmt: skip
     "ln_fwd_ring": ("T", "TW", "TB", "VEC", "BLOCK", "GROUP"),
     "ln_fwd_cluster": ("T", "TW", "TB", "VEC", "BLOCK", "C", "RMS"),

@@ -14,9 +14,10 @@ row             the rest: one block a row, staged or re-read                 ln_
 ==============  ==========================================================  ================
 
 RMSNorm (``rms``) takes the same tiers but ring, whose rows go to row. A residual add
-(``residual``: the dtypes of the residual and of h) is fused by the register rows (ln_fwd_reg)
-and by the stream tier where x, the residual and h share a 16-bit dtype; other rows take
-``unfused`` plans: ln_fwd_add writes h first, then the norm of h runs as a plan of h's dtype.
+(``residual``: the dtypes of the residual and of h) is fused by the register rows (ln_fwd_reg),
+and where x, the residual and h share a 16-bit dtype by the stream tier and the register
+clusters; other rows take ``unfused`` plans: ln_fwd_add writes h first, then the norm of h runs
+as a plan of h's dtype.
 
 Every tuned constant below says in a line why it has its value; docs/tuning.md holds the A/B
 that chose it. The kernels' headers (kernels/layer_norm_fwd*.cu) say what each template
@@ -62,6 +63,7 @@ FWD_LEAN_THREADS = 1536  # ...where their block divides this many threads an SM 
 FWD_RES_ITEMS = 4  # with a residual: x's and the residual's packs are in flight at once...
 FWD_RES_THREADS = 768  # ...in 80 registers a thread: at 64, ptxas spills
 FWD_RES_THREADS_FP16 = 512  # ...and float16's widenings in 128: at 80 it spills
+FWD_RES_CLUSTER_SPLIT = 2  # rows past one block: cluster blocks an SM, at those threads
 
 # ---------------------------------------------------- register clusters (ln_fwd_reg_cluster)
 FWD_REG_CLUSTER_BLOCK = 512  # rows past one block this size split over a cluster (sm_90)
@@ -255,6 +257,15 @@ def _residual_plan(n, x_dtype, w_dtype, b_dtype, vec, smem_limit, max_cluster, i
     if shape is not None:
         return _reg_plan(n, vec, dtypes, shape, items * vec, block_max, False, one_wave,
                          max_cluster, rms, residual)  # fmt: skip
+    # rows past one block: 16-bit ones (16-byte packs of one dtype) split over a cluster of
+    # blocks that share an SM FWD_RES_CLUSTER_SPLIT or more at a time
+    sixteen = same and x_dtype.itemsize == 2 and vec == 8 and w_dtype.itemsize <= 4
+    sixteen = sixteen and b_dtype.itemsize <= 4
+    threads = FWD_RES_THREADS_FP16 if x_dtype.name == "float16" else FWD_RES_THREADS
+    cap = threads // FWD_RES_CLUSTER_SPLIT
+    split = _reg_cluster(n, vec, items * vec, None, max_cluster, cap) if sixteen else None
+    if split is not None:
+        return _reg_cluster_plan(vec, dtypes, split, smem_limit, rms, residual, threads)
     h_plan = forward_plan(n, h_dtype, w_dtype, b_dtype, vec, smem_limit, max_cluster, items,
                           one_wave, False, affine, rms)  # fmt: skip
     return replace(h_plan, unfused=True)
@@ -339,28 +350,32 @@ def _stream_shape(n: int, vec: int):
     return None
 
 
-def _reg_cluster(n: int, vec: int, values: int, shape, max_cluster: int):
+def _reg_cluster(n: int, vec: int, values: int, shape, max_cluster: int,
+                 block_max: int = FWD_REG_CLUSTER_BLOCK):  # fmt: skip
     """(blocks a cluster, items, threads) of a register row split over a cluster: None where
-    one block of at most FWD_REG_CLUSTER_BLOCK threads holds it (``shape``), else the fewest
-    blocks (up to FWD_REG_CLUSTER_MAX) whose slices fit such blocks at ``values`` a thread."""
-    if shape is not None and shape[2] <= FWD_REG_CLUSTER_BLOCK:
+    one block of at most ``block_max`` threads holds it (``shape``), else the fewest blocks (up
+    to FWD_REG_CLUSTER_MAX) whose slices fit such blocks at ``values`` a thread."""
+    if shape is not None and shape[2] <= block_max:
         return None
     cluster = 2
     while cluster <= min(max_cluster, FWD_REG_CLUSTER_MAX):
-        got = reg_shape(slice_packs(n, vec, cluster) * vec, vec, values, FWD_REG_CLUSTER_BLOCK)
+        got = reg_shape(slice_packs(n, vec, cluster) * vec, vec, values, block_max)
         if got is not None and got[0] == got[2] > 32:  # a block per slice
             return cluster, got[1], got[2]
         cluster *= 2
     return None
 
 
-def _reg_cluster_plan(vec: int, dtypes: dict, split, smem_limit: int, rms: bool = False) -> Plan:
-    """ln_fwd_reg_cluster, w's and b's slices staged in shared memory where the SM's blocks'
-    copies fit FWD_STAGE_WB_SM (float32 rows: two rows a block in blocks of FWD_LAG_BLOCK
-    threads or more; else fewer blocks an SM, or twice the blocks of half the threads)."""
+def _reg_cluster_plan(vec: int, dtypes: dict, split, smem_limit: int, rms: bool = False,
+                      residual: tuple | None = None,
+                      threads: int = FWD_REG_THREADS) -> Plan:  # fmt: skip
+    """ln_fwd_reg_cluster at ``threads`` an SM (launch bounds), w's and b's slices staged in
+    shared memory where the SM's blocks' copies fit FWD_STAGE_WB_SM (float32 rows: two rows a
+    block in blocks of FWD_LAG_BLOCK threads or more; else fewer blocks an SM, or twice the
+    blocks of half the threads). ``residual``: (residual dtype, h dtype) of an add in front."""
     x, w, b = dtypes["T"], dtypes["TW"], dtypes["TB"]
     cluster, items, block = split
-    minb = max(1, FWD_REG_THREADS // block)
+    minb = max(1, threads // block)
     smem = items * block * vec * (w.itemsize + b.itemsize)
     room = min(FWD_STAGE_WB_SM, smem_limit)
     fits = room // (smem + STATIC_SMEM_MARGIN)  # blocks an SM whose copies fit
@@ -378,8 +393,9 @@ def _reg_cluster_plan(vec: int, dtypes: dict, split, smem_limit: int, rms: bool 
         minb = min(2 * minb, room // (half + STATIC_SMEM_MARGIN))
     else:
         smem = 0  # w and b read through L1
+    tr, th = residual if residual is not None else (None, None)
     k = kernel("ln_fwd_reg_cluster", **dtypes, VEC=vec, ITEMS=items, BLOCK=block, C=cluster,
-               MINB=minb, STAGE_WB=smem > 0, LAG=lag, RMS=rms)  # fmt: skip
+               MINB=minb, STAGE_WB=smem > 0, LAG=lag, RMS=rms, TR=tr, TH=th)  # fmt: skip
     return Plan(k, "reg", vec, items, block, block, 1, smem, cluster)
 
 

@@ -219,17 +219,22 @@ __global__ void __launch_bounds__(BLOCK, sm_blocks(MINB))
 //   row's statistics before this row's y instead (an exchange outstanding) lost: its loads then
 //   hold up this row's stores. The plans take LAG for float32 rows in blocks of FWD_LAG_BLOCK
 //   threads or more. Two rows a thread at a time, w and b read once for both at half the
-//   vectors a row, measured slower. RMS: RMSNorm (args.cuh).
+//   vectors a row, measured slower. RMS: RMSNorm (args.cuh). TR, TH: a residual add in front,
+//   as ln_fwd_reg's (each block adds, stores and holds its slice of h).
 // Limits: ceil(P / C) <= ITEMS * BLOCK, and P >= C (every block gets packs). STAGE_WB: dynamic
 // shared memory of ITEMS * BLOCK * VEC * (sizeof(TW) + sizeof(TB)) bytes. LAG: 2 * ITEMS * VEC
-// registers of data a thread.
+// registers of data a thread; not with a residual.
 template <typename T, typename TW, typename TB, int VEC, int ITEMS, int BLOCK, int C, int MINB,
-          bool STAGE_WB, bool LAG, bool RMS>
+          bool STAGE_WB, bool LAG, bool RMS, typename TR, typename TH>
 __global__ void CUPYLN_CLUSTER(C) __launch_bounds__(BLOCK, sm_blocks(MINB))
     ln_fwd_reg_cluster(CUPYLN_FWD_PARAMS) {
   typedef typename AccOf<T>::type A;
-  typedef Pack<T, VEC> P;
+  constexpr bool RES = !Same<TR, void>::value;
+  typedef typename choose_type<RES, TH, T>::type TI;  // what the slice holds: h, or x
+  typedef typename choose_type<RES, TR, T>::type R;
+  typedef Pack<TI, VEC> P;
   static_assert(BLOCK % 32 == 0 && BLOCK > 32 && BLOCK <= 1024 && C <= 32, "bad block");
+  static_assert(!(RES && LAG), "a residual takes one register set");
   // LAG: exchanges through four slots, though a receive comes between any two sends and two
   // would hold them: four measured faster (not profiled)
   constexpr int SLOTS = LAG ? 4 : 2;
@@ -269,12 +274,32 @@ __global__ void CUPYLN_CLUSTER(C) __launch_bounds__(BLOCK, sm_blocks(MINB))
   auto held = [&](const int i) { return i * BLOCK + t < nv; };
   auto load = [&](const int s, const i64 row) {
     const T* __restrict__ xs = x + row * x_stride + static_cast<i64>(lo) * VEC;
-    const T first = xs[0];
+    if constexpr (RES) {
+      const R* __restrict__ rs = static_cast<const R*>(res) + row * res_stride + lo * VEC;
+      TI* __restrict__ hs = static_cast<TI*>(h) + row * N + static_cast<i64>(lo) * VEC;
+      const TI first = narrow<TI>(static_cast<A>(widen(xs[0])) + static_cast<A>(widen(rs[0])));
+      Pack<T, VEC> px[ITEMS];
+      Pack<R, VEC> pr[ITEMS];
 #pragma unroll
-    for (int i = 0; i < ITEMS; ++i) {
-      if (held(i)) raw[s][i] = reinterpret_cast<const P*>(xs)[i * BLOCK + t];
+      for (int i = 0; i < ITEMS; ++i) {
+        if (held(i)) {
+          px[i] = reinterpret_cast<const Pack<T, VEC>*>(xs)[i * BLOCK + t];
+          pr[i] = reinterpret_cast<const Pack<R, VEC>*>(rs)[i * BLOCK + t];
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < ITEMS; ++i) {
+        if (held(i)) raw[s][i] = add_residual<A>(px[i], pr[i], hs + (i * BLOCK + t) * VEC);
+      }
+      shift[s] = static_cast<A>(widen(first));
+    } else {
+      const T first = xs[0];
+#pragma unroll
+      for (int i = 0; i < ITEMS; ++i) {
+        if (held(i)) raw[s][i] = reinterpret_cast<const P*>(xs)[i * BLOCK + t];
+      }
+      shift[s] = static_cast<A>(widen(first));
     }
-    shift[s] = static_cast<A>(widen(first));
   };
   // the slice's statistics of set s, sent to the cluster (divisions once a row: a register
   // held across the loop spills some variants)
