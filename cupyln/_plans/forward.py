@@ -261,7 +261,7 @@ def _residual_plan(n, x_dtype, w_dtype, b_dtype, vec, smem_limit, max_cluster, i
     # blocks that share an SM FWD_RES_CLUSTER_SPLIT or more at a time
     sixteen = same and x_dtype.itemsize == 2 and vec == 8 and w_dtype.itemsize <= 4
     sixteen = sixteen and b_dtype.itemsize <= 4
-    threads = FWD_RES_THREADS_FP16 if x_dtype.name == "float16" else FWD_RES_THREADS
+    threads = _residual_threads(x_dtype, h_dtype)
     cap = threads // FWD_RES_CLUSTER_SPLIT
     split = _reg_cluster(n, vec, items * vec, None, max_cluster, cap) if sixteen else None
     if split is not None:
@@ -269,6 +269,13 @@ def _residual_plan(n, x_dtype, w_dtype, b_dtype, vec, smem_limit, max_cluster, i
     h_plan = forward_plan(n, h_dtype, w_dtype, b_dtype, vec, smem_limit, max_cluster, items,
                           one_wave, False, affine, rms)  # fmt: skip
     return replace(h_plan, unfused=True)
+
+
+def _residual_threads(x_dtype, h_dtype) -> int:
+    """Launch bounds' threads an SM of the kernels that fuse a residual add (FWD_RES_THREADS;
+    float16's widenings take FWD_RES_THREADS_FP16)."""
+    fp16 = "float16" in (x_dtype.name, h_dtype.name)
+    return FWD_RES_THREADS_FP16 if fp16 else FWD_RES_THREADS
 
 
 def _reg_plan(n, vec, dtypes, shape, values, block_max, sixteen, one_wave, max_cluster,
@@ -302,8 +309,7 @@ def _reg_plan(n, vec, dtypes, shape, values, block_max, sixteen, one_wave, max_c
     else:
         threads = FWD_LEAN_THREADS if lean else FWD_REG_THREADS
     if residual is not None:
-        fp16 = "float16" in (dtypes["T"].name, x_dtype.name)
-        threads = FWD_RES_THREADS_FP16 if fp16 else FWD_RES_THREADS
+        threads = _residual_threads(dtypes["T"], x_dtype)
     wide = max(size, dtypes["TW"].itemsize, dtypes["TB"].itemsize) > 4
     minb = 1 if wide else max(1, threads // block)
     whole = min(items, n // (tpr * vec)) if center and acc > size else 0

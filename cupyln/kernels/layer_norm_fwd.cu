@@ -274,10 +274,11 @@ __global__ void CUPYLN_CLUSTER(C) __launch_bounds__(BLOCK, sm_blocks(MINB))
   auto held = [&](const int i) { return i * BLOCK + t < nv; };
   auto load = [&](const int s, const i64 row) {
     const T* __restrict__ xs = x + row * x_stride + static_cast<i64>(lo) * VEC;
+    TI first;
     if constexpr (RES) {
       const R* __restrict__ rs = static_cast<const R*>(res) + row * res_stride + lo * VEC;
       TI* __restrict__ hs = static_cast<TI*>(h) + row * N + static_cast<i64>(lo) * VEC;
-      const TI first = narrow<TI>(static_cast<A>(widen(xs[0])) + static_cast<A>(widen(rs[0])));
+      first = narrow<TI>(static_cast<A>(widen(xs[0])) + static_cast<A>(widen(rs[0])));
       Pack<T, VEC> px[ITEMS];
       Pack<R, VEC> pr[ITEMS];
 #pragma unroll
@@ -291,15 +292,14 @@ __global__ void CUPYLN_CLUSTER(C) __launch_bounds__(BLOCK, sm_blocks(MINB))
       for (int i = 0; i < ITEMS; ++i) {
         if (held(i)) raw[s][i] = add_residual<A>(px[i], pr[i], hs + (i * BLOCK + t) * VEC);
       }
-      shift[s] = static_cast<A>(widen(first));
     } else {
-      const T first = xs[0];
+      first = xs[0];
 #pragma unroll
       for (int i = 0; i < ITEMS; ++i) {
         if (held(i)) raw[s][i] = reinterpret_cast<const P*>(xs)[i * BLOCK + t];
       }
-      shift[s] = static_cast<A>(widen(first));
     }
+    shift[s] = static_cast<A>(widen(first));
   };
   // the slice's statistics of set s, sent to the cluster (divisions once a row: a register
   // held across the loop spills some variants)
