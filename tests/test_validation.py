@@ -164,6 +164,20 @@ def test_family_checks_name_their_argument():
         _checks.residual((2, 3), f4, f8, (2, 3), f4)
 
 
+def test_out_of_the_wrong_kind_or_length_is_refused():
+    """_checks.outputs names what ``out`` must be: a tuple, and of how many entries."""
+    from cupyln import _checks
+
+    names, specs = ("y", "mean", "rstd"), [((2, 3), "f4"), ((2,), "f4"), ((2,), "f4")]
+    with pytest.raises(TypeError, match=r"out must be a tuple \(y, mean, rstd\); got str"):
+        _checks.outputs("y", names, specs, 0)
+    for out in ((None, None), (None,) * 4):
+        with pytest.raises(ValueError, match=rf"\(y, mean, rstd\) of 3; got {len(out)} entries"):
+            _checks.outputs(out, names, specs, 0)
+    assert _checks.outputs(None, names, specs, 0) is None
+    assert _checks.outputs([None] * 3, names, specs, 0) == [None] * 3
+
+
 def test_extent_spans_strided_and_reversed_arrays():
     """_checks.extent: the bytes an array's elements span, whatever its strides."""
     from types import SimpleNamespace
