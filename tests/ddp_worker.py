@@ -99,7 +99,12 @@ def launch(out, wrap: str, norm: str, cuda_devices: str | None = None) -> dict:
         env["CUDA_VISIBLE_DEVICES"] = cuda_devices
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
            "-m", "tests.ddp_worker", str(out), wrap, norm]  # fmt: skip
-    run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    for _ in range(2):
+        run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+        # gloo's threads can abort a CPU rank as the process exits (std::terminate on a thread
+        # still joinable), after the work is done: that run is repeated once, no other failure
+        if run.returncode == 0 or "terminate called without an active exception" not in run.stderr:
+            break
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     return torch.load(out)
 
