@@ -280,16 +280,17 @@ __device__ __forceinline__ void bwd_reg_rows(
   };
   constexpr bool KEEP_G = Blocks::value == 1 && !SHARED_SUMS;
   A kept[KEEP_G ? ITEMS : 1][VEC];
-  // EARLY (16-bit DH rows where a block has its SM alone, or in clusters of two blocks an SM):
-  // the row's dh packs are loaded before its reduction (a cluster: before the wait for the
-  // cluster's sums), so their latency overlaps the barrier or the wait, which no other block on
-  // the SM covers; where blocks share an SM, they cover it and the registers are short. Not in
-  // float16 LayerNorm clusters, whose widening already fills the registers, nor in clusters of
-  // three blocks an SM: there the dh registers spilled (and float16's ran slower). sm_90 only:
-  // later architectures' ptxas spilled them too.
+  // EARLY (16-bit DH rows): the row's dh packs are loaded before its reduction (a cluster:
+  // before the wait for the cluster's sums), so their latency overlaps the barrier or the wait
+  // instead of following it. Where a block has its SM alone, in clusters of two blocks an SM,
+  // and in RMSNorm rows whose blocks share an SM (the others cover only part of the wait).
+  // Not in LayerNorm rows whose blocks share an SM, whose dh registers spilled, nor in float16
+  // LayerNorm clusters, whose widening already fills the registers, nor in clusters of three
+  // blocks an SM: there the dh registers spilled (and float16's ran slower). sm_90 only: later
+  // architectures' ptxas spilled them too.
   constexpr bool EARLY =
       DH && sizeof(T) == 2 && !NEWER_ARCH &&
-      (C == 1 ? Blocks::value == 1
+      (C == 1 ? Blocks::value == 1 || RMS
               : LagBlocks<BLOCK>::value == 2 && (RMS || !Same<T, half_t>::value));
   P rh[EARLY ? ITEMS : 1];
   auto load_dh = [&](const i64 r) {
