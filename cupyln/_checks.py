@@ -180,11 +180,11 @@ def outputs(out, names, specs, device_id, inputs=(), in_place=None):
     read whole before its y is written)."""
     if out is None:
         return None
-    want = f"a tuple ({', '.join(names)})"
     if not isinstance(out, (tuple, list)):
-        raise TypeError(f"out must be {want}; got {type(out).__name__}")
+        raise TypeError(f"out must be a tuple ({', '.join(names)}); got {type(out).__name__}")
     if len(out) != len(names):
-        raise ValueError(f"out must be {want} of {len(names)}; got {len(out)} entries")
+        raise ValueError(f"out must be a tuple ({', '.join(names)}) of {len(names)}; "
+                         f"got {len(out)} entries")  # fmt: skip
     for a, name, (shape, dt) in zip(out, names, specs):
         if a is None:
             continue
