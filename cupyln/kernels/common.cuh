@@ -13,7 +13,7 @@
 //     (the caller guarantees that alignment); normalize_store: one pack's y, scaled and shifted;
 //     l2_policy / load_hinted: a 16-byte load kept in place, under an L2 eviction policy (and
 //     past L1 if asked); load_read_only: a 16-byte load of read-only data, through the
-//     non-coherent path or the coherent one;
+//     non-coherent path or the coherent one; prefetch_l1: a line brought into L1 ahead;
 //   * walk_vectors: a group's strided walk over the packs of a span, U loads in flight;
 //   * group_sum: a sum over the TPR threads that own one row, identical in every thread
 //     (xor butterfly inside a warp, fixed-order sum of per-warp partials across warps);
@@ -276,6 +276,12 @@ __device__ __forceinline__ P load_read_only(const P* __restrict__ p) {
   } else {
     return *p;
   }
+}
+
+// Asks for the line holding p to be brought into L1 (prefetch.global.L1): no register holds it,
+// and a later load of it finds it there unless it was evicted first.
+__device__ __forceinline__ void prefetch_l1(const void* p) {
+  asm volatile("{ .reg .u64 g; cvta.to.global.u64 g, %0; prefetch.global.L1 [g]; }" ::"l"(p));
 }
 
 // Stores W 32-bit words at p (aligned to 16 bytes; W a multiple of 4) as whole 16-byte words

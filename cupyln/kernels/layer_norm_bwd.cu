@@ -293,6 +293,19 @@ __device__ __forceinline__ void bwd_reg_rows(
       (C == 1 ? Blocks::value == 1 || RMS
               : LagBlocks<BLOCK>::value == 2 && (RMS || !Same<T, half_t>::value));
   P rh[EARLY ? ITEMS : 1];
+  // PF (bf16 DH rows of a block, without EARLY): the row's dh lines are prefetched into L1
+  // where EARLY would load them, so pass 2 finds them there instead of waiting on HBM. Not in
+  // float16 rows, where the prefetch's addresses spilled (ptxas), nor in clusters, whose
+  // cluster-scope waits invalidate L1 (a prefetch into L2 ran slower there).
+  constexpr bool PF = DH && Same<T, bf16_t>::value && C == 1 && !EARLY;
+  auto prefetch_dh = [&](const i64 r) {
+    const T* __restrict__ dhr = dh + r * dh_stride + lo;
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+      const int col = (i * TPR + lane) * VEC;
+      if (col < n) prefetch_l1(dhr + col);
+    }
+  };
   auto load_dh = [&](const i64 r) {
     const T* __restrict__ dhr = dh + r * dh_stride + lo;
 #pragma unroll
@@ -421,6 +434,7 @@ __device__ __forceinline__ void bwd_reg_rows(
         fetch(row);
       }
       if constexpr (EARLY) load_dh(row);
+      if constexpr (PF) prefetch_dh(row);
       A s1, s2;
       pass1(0, s1, s2);
       // AHEAD: the next row's copies go out before the block's barrier, so they overlap the
