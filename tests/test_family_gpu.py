@@ -12,10 +12,12 @@ import math
 import numpy as np
 import pytest
 
+from cupyln import _launcher
 from cupyln import reference as ref
 from cupyln._dtypes import TABLE
 
 from .conftest import GPU_COUNT, requires_gpu
+from .test_layer_norm_gpu import forward_rules, hopper_plans
 
 pytestmark = [pytest.mark.gpu, requires_gpu]
 
@@ -201,6 +203,37 @@ def test_add_norm(norm, xdt, rdt, hdt, m, n):
     ref.assert_close(rstd, rstdr, "rstd", arithmetic=ar)
     ref.assert_close(dx, dxr, "dx", arithmetic=ar)
     ref.assert_close(dw, dwr, "dw", atol_scale=math.sqrt(m), arithmetic=ar)
+
+
+@pytest.mark.parametrize("n", [8192, 16384, 32768])  # 512 x 2, 512 x 4, 1024 x 4 (RES_SHAPES)
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("norm", ["rms", "ln"])
+def test_add_norm_stream_rows(monkeypatch, norm, dtype, n):
+    """The residual add's 16-bit rows that stream in long launches on sm_90 with fast DRAM,
+    N = 32768 among them (1024 threads of 4 packs, a residual's shape alone), taken here by any
+    launch on any sm_90 (FWD_SHORT_WAVES, FWD_STREAM_DRAM_PER_SM = 0): y, the statistics and h
+    (exactly) against the float64 reference, into NaN-filled memory."""
+    with forward_rules(monkeypatch, FWD_SHORT_WAVES=0, FWD_STREAM_DRAM_PER_SM=0.0):
+        m = 37
+        x, r = fresh((m, n), dtype), fresh((m, n), dtype, loc=0.3, scale=1.0)
+        w, b = fresh((n,), dtype, loc=1.0, scale=0.3), fresh((n,), dtype, loc=0.0, scale=0.3)
+        res = dict(rms=norm == "rms", residual=(x.dtype, x.dtype))
+        plan = _launcher.forward_launch(x.device.id, m, n, x.dtype, w.dtype, b.dtype, 8, **res)[1]
+        if hopper_plans(x):
+            assert (plan.tier, plan.items) == ("stream", 2 if n == 8192 else 4), plan
+        cupy.get_default_memory_pool().free_all_blocks()
+        ref.poison_pool(2 * m * n)  # h (allocated by the call) starts out as NaN
+        hr = ref.add(x, r, dtype)
+        if norm == "rms":
+            y, rstd, h = cupyln.rms_forward(x, w, 1e-6, residual=r)
+            yr, rstdr = ref.rms_forward(hr, w, 1e-6)
+        else:
+            y, mean, rstd, h = cupyln.forward(x, w, b, 1e-5, residual=r)
+            yr, meanr, rstdr = ref.forward(hr, w, b, 1e-5)
+            ref.assert_close(mean, meanr, "mean")
+        assert bool((ref.to_float64(h) == ref.to_float64(hr)).all()), "h is not x + residual"
+        ref.assert_close(y, yr, "y")
+        ref.assert_close(rstd, rstdr, "rstd")
 
 
 @pytest.mark.parametrize("n", [4096, 32768])  # register rows, register clusters

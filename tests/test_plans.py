@@ -515,6 +515,36 @@ def test_short_launches_keep_fewer_vectors():
         assert (p.tier, p.items, p.block, p.cluster) == ("reg", items, block, 1), (n, p)
 
 
+def test_residual_rows_stream_over_1024_threads_at_32768():
+    """With a residual add (x, residual and h of one 16-bit dtype), N = 32768 streams over 1024
+    threads of 4 packs (FWD_STREAM_RES_SHAPES: 2048 threads an SM, two blocks) where the
+    stream tier is taken; LayerNorm and RMSNorm alone keep the register rows, and the rows
+    around it, mixed dtypes and launches that do not stream keep their plans."""
+    bf16, f16, f32 = ref.BFLOAT16, np.dtype(np.float16), np.dtype(np.float32)
+    h100 = C.MAX_CLUSTER
+    for dt in (bf16, f16):
+        for rms in (False, True):
+            p = F.forward_plan(32768, dt, dt, dt, 8, SMEM_H100, h100, stream=True, rms=rms,
+                               residual=(dt, dt))  # fmt: skip
+            assert (p.tier, p.tpr, p.block, p.items, p.threads) == ("stream", 1024, 1024, 4, 2048)
+            assert p.kernel.arg("RES") and p.kernel.arg("RMS") == rms and p.kernel.arg("MINB") == 2
+            alone = F.forward_plan(32768, dt, dt, dt, 8, SMEM_H100, h100, stream=True, rms=rms)
+            assert alone.tier == "reg", alone
+            for n in (31744, 33792, 65536):
+                q = F.forward_plan(n, dt, dt, dt, 8, SMEM_H100, h100, stream=True, rms=rms,
+                                   residual=(dt, dt))  # fmt: skip
+                assert q.tier != "stream", (n, q)
+            q = F.forward_plan(32768, dt, dt, dt, 8, SMEM_H100, h100, rms=rms, residual=(dt, dt))
+            assert q.kernel.name == "ln_fwd_reg_cluster", q  # no streaming asked
+        mixed = F.forward_plan(32768, dt, dt, dt, 8, SMEM_H100, h100, stream=True,
+                               residual=(dt, f32))  # fmt: skip
+        assert mixed.tier != "stream", mixed
+    args = (32768, bf16, bf16, bf16, 8, SMEM_H100, h100, 132)
+    res = dict(residual=(bf16, bf16))
+    assert F.forward_launch_plan(4096, *args, 4.8e12 / 132, **res).tier == "stream"  # H200
+    assert F.forward_launch_plan(4096, *args, 3.35e12 / 132, **res).tier == "reg"  # H100 SXM
+
+
 def test_stream_16bit_rows():
     """On sm_90 with fast DRAM, long launches of 16-bit rows in 16-byte vectors with 16-bit w
     and b stream: rows of up to 512 packs two packs a thread in the fewest warps where they fill

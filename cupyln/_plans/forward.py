@@ -80,6 +80,7 @@ FWD_STREAM_FILL = 0.875  # ...where they fill at least this share of the packs
 FWD_STREAM_SHAPES = ((512, (2,)),)  # (threads, packs a thread): N = 8192 over 512 x 2
 FWD_STREAM_EVEN = ((3, 640), (4, 640), (2, 384))  # (packs a thread, most threads) in order
 FWD_STREAM_EVEN_LEAST = 256  # ...over at least this many threads, a multiple of a warp
+FWD_STREAM_RES_SHAPES = ((1024, (4,)),)  # a residual add's too: N = 32768 beats its clusters
 FWD_STREAM_THREADS = 2048  # launch bounds' threads an SM (32 registers a thread)
 FWD_STREAM_WARP_BLOCK = 256  # rows of a warp run eight to a block
 FWD_STREAM_ROLL_THREADS = 128  # rows of 2 packs over 33 to this many threads loop pass 2
@@ -176,7 +177,7 @@ def forward_launch_plans(n: int, x_dtype, w_dtype, b_dtype, vec: int, smem_limit
 def forward_plan(n: int, x_dtype, w_dtype, b_dtype, vec: int, smem_limit: int,
                  max_cluster: int = 1, items: int = FWD_REG_ITEMS, one_wave: bool = False,
                  stream: bool = False, affine: tuple = (True, True), rms: bool = False,
-                 residual: tuple | None = None) -> Plan:  # fmt: skip
+                 residual: tuple | None = None, res_stream: bool = False) -> Plan:  # fmt: skip
     """The forward's kernel for rows of N elements of ``x_dtype`` in packs of ``vec``.
 
     ``smem_limit``: the device's opt-in shared bytes a block; ``max_cluster``: the largest
@@ -184,7 +185,8 @@ def forward_plan(n: int, x_dtype, w_dtype, b_dtype, vec: int, smem_limit: int,
     (forward_items); ``one_wave``: centered rows ask for FWD_REG_THREADS an SM (sm_90 short
     launches); ``stream``: 16-bit rows of a streamable shape stream (sm_90, at FWD_REG_ITEMS);
     ``affine``: (w given, b given), compile-time flags of the stream kernel; ``rms``: RMSNorm;
-    ``residual``: (residual dtype, h dtype) of a residual add in front, or None."""
+    ``residual``: (residual dtype, h dtype) of a residual add in front, or None; ``res_stream``:
+    the stream shapes of a residual add's rows (FWD_STREAM_RES_SHAPES besides)."""
     if residual is not None:
         return _residual_plan(n, x_dtype, w_dtype, b_dtype, vec, smem_limit, max_cluster, items,
                               one_wave, stream, affine, rms, residual)  # fmt: skip
@@ -197,7 +199,8 @@ def forward_plan(n: int, x_dtype, w_dtype, b_dtype, vec: int, smem_limit: int,
     wide16 = vec * size == 16
     # 16-bit x, w and b in 16-byte packs on sm_90 (on sm_80 ptxas spills some of their blocks)
     sixteen = wide16 and widest == 2 and max_cluster > 1
-    streamed = _stream_shape(n, vec) if stream and sixteen and items == FWD_REG_ITEMS else None
+    streamable = stream and sixteen and items == FWD_REG_ITEMS
+    streamed = _stream_shape(n, vec, res_stream) if streamable else None
     if rms and streamed is not None and streamed[1] > FWD_STREAM_RMS_STEPS:
         streamed = None
     if streamed is not None and not one_wave:
@@ -246,7 +249,7 @@ def _residual_plan(n, x_dtype, w_dtype, b_dtype, vec, smem_limit, max_cluster, i
     # the stream tier's shapes as LayerNorm's (FWD_STREAM_RMS_STEPS is RMSNorm's alone: with a
     # residual, 4 packs a thread stream faster than the register rows)
     plain = forward_plan(n, x_dtype, w_dtype, b_dtype, vec, smem_limit, max_cluster, items,
-                         one_wave, stream and same, affine)  # fmt: skip
+                         one_wave, stream and same, affine, res_stream=True)  # fmt: skip
     if plain.tier == "stream":
         k = plain.kernel
         return replace(plain, kernel=Kernel(k.name, k.args[:-2] + (rms, True)))
@@ -332,11 +335,12 @@ def _stream_plan(n, vec, dtypes, shape, affine, rms=False) -> Plan:
     return Plan(k, "stream", vec, steps, tpr, block, block // tpr, 0, 1, minb * block)
 
 
-def _stream_shape(n: int, vec: int):
+def _stream_shape(n: int, vec: int, residual: bool = False):
     """(threads a row, packs a thread, partial) of the stream tier, or None: two packs a
     thread in the fewest warps up to FWD_STREAM_PAIRS threads where the row fills them
     (partial: FWD_STREAM_FILL of FWD_STREAM_PARTIAL threads' packs); else the first of
-    FWD_STREAM_SHAPES, then of FWD_STREAM_EVEN, that splits the row's packs evenly."""
+    FWD_STREAM_SHAPES (with a ``residual`` add, FWD_STREAM_RES_SHAPES too), then of
+    FWD_STREAM_EVEN, that splits the row's packs evenly."""
     packs, rest = divmod(n, vec)
     if rest:
         return None
@@ -346,7 +350,7 @@ def _stream_shape(n: int, vec: int):
             return tpr, 2, False
         if tpr == FWD_STREAM_PARTIAL and packs >= FWD_STREAM_FILL * 2 * tpr:
             return tpr, 2, True
-    for tpr, steps in FWD_STREAM_SHAPES:
+    for tpr, steps in FWD_STREAM_SHAPES + (FWD_STREAM_RES_SHAPES if residual else ()):
         if packs % tpr == 0 and packs // tpr in steps:
             return tpr, packs // tpr, False
     for steps, most in FWD_STREAM_EVEN:
