@@ -298,20 +298,19 @@ __device__ __forceinline__ void bwd_reg_rows(
   // float16 rows, where the prefetch's addresses spilled (ptxas), nor in clusters, whose
   // cluster-scope waits invalidate L1 (a prefetch into L2 ran slower there).
   constexpr bool PF = DH && Same<T, bf16_t>::value && C == 1 && !EARLY;
-  auto prefetch_dh = [&](const i64 r) {
+  // row r's dh packs in this thread's slots: loaded into rh (EARLY) or prefetched (PF)
+  auto early_dh = [&](const i64 r) {
     const T* __restrict__ dhr = dh + r * dh_stride + lo;
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
       const int col = (i * TPR + lane) * VEC;
-      if (col < n) prefetch_l1(dhr + col);
-    }
-  };
-  auto load_dh = [&](const i64 r) {
-    const T* __restrict__ dhr = dh + r * dh_stride + lo;
-#pragma unroll
-    for (int i = 0; i < ITEMS; ++i) {
-      const int col = (i * TPR + lane) * VEC;
-      if (col < n) rh[i] = *reinterpret_cast<const P*>(dhr + col);
+      if (col < n) {
+        if constexpr (EARLY) {
+          rh[i] = *reinterpret_cast<const P*>(dhr + col);
+        } else {
+          prefetch_l1(dhr + col);
+        }
+      }
     }
   };
 
@@ -413,7 +412,7 @@ __device__ __forceinline__ void bwd_reg_rows(
       exchange.send({s1, s2});
     };
     auto finish = [&](const int s, const i64 r) {  // the cluster's sums of row r, its dx
-      if constexpr (EARLY) load_dh(r);
+      if constexpr (EARLY) early_dh(r);
       A sums[2];
       exchange.receive_sums(sums);
       pass2(s, r, sums[0] * inv_n, sums[1] * inv_n);
@@ -433,8 +432,7 @@ __device__ __forceinline__ void bwd_reg_rows(
       } else {
         fetch(row);
       }
-      if constexpr (EARLY) load_dh(row);
-      if constexpr (PF) prefetch_dh(row);
+      if constexpr (EARLY || PF) early_dh(row);
       A s1, s2;
       pass1(0, s1, s2);
       // AHEAD: the next row's copies go out before the block's barrier, so they overlap the
