@@ -284,15 +284,16 @@ __device__ __forceinline__ void bwd_reg_rows(
   // before the wait for the cluster's sums), so their latency overlaps the barrier or the wait
   // instead of following it. Where a block has its SM alone, in clusters of two blocks an SM,
   // and in RMSNorm rows whose blocks share an SM (the others cover only part of the wait).
-  // Not in LayerNorm rows whose blocks share an SM, whose dh registers spilled, nor in float16
-  // LayerNorm clusters, whose widening already fills the registers, nor in clusters of three
-  // blocks an SM: there the dh registers spilled (and float16's ran slower). sm_90 only: later
-  // architectures' ptxas spilled them too.
-  constexpr bool EARLY =
-      DH && sizeof(T) == 2 && !NEWER_ARCH &&
-      (C == 1 ? Blocks::value == 1 || RMS
-              : LagBlocks<BLOCK>::value == 2 && (RMS || !Same<T, half_t>::value));
-  P rh[EARLY ? ITEMS : 1];
+  // Not in LayerNorm rows whose blocks share an SM, whose dh registers spilled, nor in clusters
+  // of three blocks an SM: there the dh registers spilled (and float16's ran slower). sm_90
+  // only: later architectures' ptxas spilled them too.
+  constexpr bool EARLY = DH && sizeof(T) == 2 && !NEWER_ARCH &&
+                         (C == 1 ? Blocks::value == 1 || RMS : LagBlocks<BLOCK>::value == 2);
+  // EARLY_N: the packs EARLY loads. A LayerNorm cluster's thread loads its last pack after the
+  // wait: with all of them held across it, ptxas spilled to local memory (L2, as the shared
+  // memory takes nearly all of L1), and float16's widening spilled more.
+  constexpr int EARLY_N = !EARLY ? 1 : C > 1 && !RMS && ITEMS > 1 ? ITEMS - 1 : ITEMS;
+  P rh[EARLY_N];
   // PF (bf16 DH rows of a block, without EARLY): the row's dh lines are prefetched into L1
   // where EARLY would load them, so pass 2 finds them there instead of waiting on HBM. Not in
   // float16 rows, where the prefetch's addresses spilled (ptxas), nor in clusters, whose
@@ -306,7 +307,7 @@ __device__ __forceinline__ void bwd_reg_rows(
       const int col = (i * TPR + lane) * VEC;
       if (col < n) {
         if constexpr (EARLY) {
-          rh[i] = *reinterpret_cast<const P*>(dhr + col);
+          if (i < EARLY_N) rh[i] = *reinterpret_cast<const P*>(dhr + col);
         } else {
           prefetch_l1(dhr + col);
         }
@@ -343,7 +344,7 @@ __device__ __forceinline__ void bwd_reg_rows(
   auto pass2 = [&](const int s, const i64 row, const A c1, const A c2_row) {
     const A c2 = RMS ? A(0) : c2_row;
     T* __restrict__ dxr = dx + row * N + lo;
-    const T* __restrict__ dhr = DH && !EARLY ? dh + row * dh_stride + lo : nullptr;
+    const T* __restrict__ dhr = DH ? dh + row * dh_stride + lo : nullptr;
     const A r = r_s[s];
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
@@ -384,9 +385,9 @@ __device__ __forceinline__ void bwd_reg_rows(
             o[k] = (g[k] - (xh[k] * c1 + c2)) * r;
           }
         }
-        if constexpr (EARLY) {
+        if (EARLY && i < EARLY_N) {
 #pragma unroll
-          for (int k = 0; k < VEC; ++k) o[k] += widen_at<A>(rh[i], k);
+          for (int k = 0; k < VEC; ++k) o[k] += widen_at<A>(rh[i < EARLY_N ? i : 0], k);
         } else if constexpr (DH) {
           add_grad<T, A, VEC>(dhr + col, o);
         }
