@@ -289,10 +289,12 @@ __device__ __forceinline__ void bwd_reg_rows(
   // only: later architectures' ptxas spilled them too.
   constexpr bool EARLY = DH && sizeof(T) == 2 && !NEWER_ARCH &&
                          (C == 1 ? Blocks::value == 1 || RMS : LagBlocks<BLOCK>::value == 2);
-  // EARLY_N: the packs EARLY loads. A LayerNorm cluster's thread loads its last pack after the
-  // wait: with all of them held across it, ptxas spilled to local memory (L2, as the shared
-  // memory takes nearly all of L1), and float16's widening spilled more.
-  constexpr int EARLY_N = !EARLY ? 1 : C > 1 && !RMS && ITEMS > 1 ? ITEMS - 1 : ITEMS;
+  // EARLY_N: the packs EARLY loads. In LayerNorm clusters of blocks over 192 threads (under 160
+  // registers a thread) the last pack is loaded after the wait: with all of them held across
+  // it, ptxas spilled to local memory (L2, as the shared memory takes nearly all of L1), and
+  // float16's widening spilled more.
+  constexpr int EARLY_N =
+      EARLY && C > 1 && !RMS && BLOCK > 192 && ITEMS > 1 ? ITEMS - 1 : EARLY ? ITEMS : 1;
   P rh[EARLY_N];
   // PF (bf16 DH rows of a block, without EARLY): the row's dh lines are prefetched into L1
   // where EARLY would load them, so pass 2 finds them there instead of waiting on HBM. Not in
