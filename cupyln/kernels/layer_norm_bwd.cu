@@ -293,8 +293,8 @@ __device__ __forceinline__ void bwd_reg_rows(
   // registers a thread) the last pack is loaded after the wait: with all of them held across
   // it, ptxas spilled to local memory (L2, as the shared memory takes nearly all of L1), and
   // float16's widening spilled more.
-  constexpr int EARLY_N =
-      EARLY && C > 1 && !RMS && BLOCK > 192 && ITEMS > 1 ? ITEMS - 1 : EARLY ? ITEMS : 1;
+  constexpr bool LAST_LATE = EARLY && C > 1 && !RMS && BLOCK > 192 && ITEMS > 1;
+  constexpr int EARLY_N = LAST_LATE ? ITEMS - 1 : EARLY ? ITEMS : 1;
   P rh[EARLY_N];
   // PF (bf16 DH rows of a block, without EARLY): the row's dh lines are prefetched into L1
   // where EARLY would load them, so pass 2 finds them there instead of waiting on HBM. Not in
@@ -389,7 +389,7 @@ __device__ __forceinline__ void bwd_reg_rows(
         }
         if (EARLY && i < EARLY_N) {
 #pragma unroll
-          for (int k = 0; k < VEC; ++k) o[k] += widen_at<A>(rh[i < EARLY_N ? i : 0], k);
+          for (int k = 0; k < VEC; ++k) o[k] += widen_at<A>(rh[i], k);
         } else if constexpr (DH) {
           add_grad<T, A, VEC>(dhr + col, o);
         }
