@@ -8,8 +8,16 @@ torch and JAX bridges in ``cupyln.torch`` and ``cupyln.jax``.
     dx, dw = cupyln.rms_backward(dy, h, w, rstd, dh=dh)
 """
 
-from ._api import backward, describe, forward, layer_norm, precompile
-from ._family import rms_backward, rms_forward, rms_norm
+from ._api import (
+    backward,
+    describe,
+    forward,
+    layer_norm,
+    rms_backward,
+    rms_forward,
+    rms_norm,
+)
+from ._control import precompile
 from ._jagged import jagged_backward, jagged_forward, jagged_layer_norm
 
 __version__ = "0.2.0"

@@ -1,12 +1,17 @@
-"""Array API: LayerNorm forward and backward on CuPy arrays.
+"""Array API: every dense norm on CuPy arrays — LayerNorm (``forward``/``backward``) and
+RMSNorm (``rms_forward``/``rms_backward``), either with a residual add in front and any
+``weight_offset`` — through one checked path a direction.
 
 Every check runs before anything is allocated or launched, so a call that raises has written
 nothing. Kernels run on the device that holds ``x``, on that device's current CuPy stream.
+``weight_offset`` is applied on the host side of the launch: the kernels read the scale
+``w + weight_offset``, formed once per call in the arithmetic type (as a kernel would form it),
+and dw, which does not depend on the scale, is cast back to w's dtype.
 
-The hot path: a call whose arrays have the shapes, strides, dtypes and device of an earlier
-valid call reuses that call's checks and launch (a dictionary lookup on those attributes),
-allocates its outputs with one pool allocation and launches through the driver with a packed
-argument buffer (``_launcher``).
+The hot path: a plain call (no residual, no offset, no ``out``) whose arrays have the shapes,
+strides, dtypes and device of an earlier valid call reuses that call's checks and launch (a
+dictionary lookup on those attributes), allocates its outputs with one pool allocation and
+launches through the driver with a packed argument buffer (``_launcher``).
 """
 
 from __future__ import annotations
@@ -18,128 +23,18 @@ import numpy
 
 from . import _checks, _launcher, _runtime
 from ._dtypes import acc_dtype
+from ._launcher.cache import table
+from ._layout import aligned_vector, ptr, round_up, rows
 from ._plans.common import vector_width
+from ._problem import Problem
 
 if TYPE_CHECKING:
     from cupy import ndarray
 
-_forward_calls: dict = {}  # cached calls of forward / backward on CuPy arrays (_Call)
-_backward_calls: dict = {}
+# cached plain calls on CuPy arrays (_Call), [LayerNorm, RMSNorm] a direction
+_forward_calls = (table(), table())
+_backward_calls = (table(), table())
 _MAX_CALLS = 4096  # distinct attribute sets remembered; past that, new ones are not cached
-
-
-def forget_plans() -> None:
-    """Drop every cached plan, kernel and call (after a plan constant changes: the tests and
-    tuning scripts)."""
-    _launcher.forget_plans()
-    _forward_calls.clear()
-    _backward_calls.clear()
-
-
-def set_plan_constant(name: str, value):
-    """Set the tuned constant ``name`` of the plans (cupyln/_plans) to ``value`` and drop every
-    cached plan and call, so the next calls plan with it; returns the value it had. For A/B
-    runs (scripts/tune.py)."""
-    from ._plans import backward, common, forward, jagged
-
-    # every module that binds the name: a constant of common is imported by value elsewhere
-    modules = [m for m in (common, forward, backward, jagged, _launcher) if hasattr(m, name)]
-    if not name.isupper() or not modules:
-        raise KeyError(f"no plan constant {name} in cupyln/_plans")
-    old = getattr(modules[0], name)
-    for module in modules:
-        setattr(module, name, value)
-    forget_plans()
-    return old
-
-
-def emulate(profile: str | None) -> None:
-    """Plan as on the GPU of ``_plans.devices.PROFILES[profile]`` (None: as on the device in
-    use), for the tests and the benchmark; drops every cached plan, kernel and call."""
-    _launcher.emulate(profile)
-    forget_plans()
-
-
-def precompile(
-    n: int,
-    dtype,
-    *,
-    w_dtype=None,
-    b_dtype=None,
-    bias_dtype=None,
-    affine: tuple = (True, True),
-    rms: bool = False,
-    residual_dtype=None,
-    h_dtype=None,
-    backward: bool = True,
-    device: int | None = None,
-) -> int:
-    """Compile ahead every kernel that rows of ``n`` elements of ``dtype`` can take, at any
-    number of rows, so that later calls compile nothing: warm up with it before capturing a
-    CUDA graph (a capture cannot load a module), whatever M the capture uses.
-
-    Covers contiguous rows at 16-byte aligned addresses (what the allocators return); other
-    layouts may need other kernels. Args are the dtypes of a call: ``w_dtype`` (default
-    ``dtype``; with a ``weight_offset``, float32: the kernels read w + offset), ``b_dtype``
-    (default w's),
-    ``bias_dtype`` (db's, default w's), ``affine`` (w given, b given), ``rms`` (RMSNorm),
-    ``residual_dtype`` (a residual add in front: the residual's dtype) and ``h_dtype`` (h's,
-    default the residual's), ``backward`` (the backward's kernels too), ``device`` (default
-    CuPy's current device). Returns the number of kernels, compiled or already there."""
-    x = _checks.dtype_arg(dtype, None, "dtype")
-    if x is None:
-        raise TypeError("dtype must be a dtype; got None")
-    if isinstance(n, bool) or not isinstance(n, (int, numpy.integer)):
-        raise TypeError(f"n must be an int; got {type(n).__name__}")
-    if not 1 <= n <= _checks.MAX_N:
-        raise ValueError(f"n must be in [1, {_checks.MAX_N}]; got {n}")
-    w = _checks.dtype_arg(w_dtype, x, "w_dtype")
-    b = _checks.dtype_arg(b_dtype, w, "b_dtype")
-    affine = (bool(affine[0]), bool(affine[1]) and not rms)
-    # an absent w or b is recorded in x's dtype, as the calls record it
-    w, b = (d if given else x for d, given in zip((w, b), affine))
-    db = _checks.dtype_arg(bias_dtype, w, "bias_dtype")
-    residual = None
-    if residual_dtype is not None:
-        r = _checks.dtype_arg(residual_dtype, None, "residual_dtype")
-        residual = (r, _checks.residual((), r, h_dtype, (), x))
-    elif h_dtype is not None:
-        raise ValueError("h_dtype needs a residual_dtype; got residual_dtype=None")
-    dev = _runtime.cupy().cuda.runtime.getDevice() if device is None else int(device)
-    with _runtime.OnDevice(dev):
-        done = _launcher.precompile(dev, int(n), x, w, b, db, affine, bool(rms), residual,
-                                    bool(backward))  # fmt: skip
-    return len(done)
-
-
-# ------------------------------------------------------------------------------ layout
-def rows(a):
-    """(array, row stride in elements) for a CuPy array: rows at one stride are used in place,
-    other layouts are copied to C order."""
-    e = a.itemsize
-    stride = None
-    if all(s % e == 0 for s in a.strides):
-        stride = _checks.row_stride(a.shape, [s // e for s in a.strides])
-    if stride is None:
-        a = _runtime.cupy().ascontiguousarray(a)
-        stride = a.shape[-1]
-    return a, stride
-
-
-def aligned_vector(a):
-    """w/b are read as contiguous packs of up to 64 bytes: a strided or misaligned vector is
-    copied to a fresh allocation."""
-    if a is None or (a.data.ptr % 64 == 0 and a.flags.c_contiguous):
-        return a
-    return _runtime.cupy().array(a, copy=True, order="C")
-
-
-def ptr(a) -> int:
-    return 0 if a is None else a.data.ptr
-
-
-def _round_up(nbytes: int, to: int = 256) -> int:
-    return -(-nbytes // to) * to
 
 
 # ------------------------------------------------------------------------------ cached calls
@@ -147,17 +42,10 @@ class _Call(NamedTuple):
     """What a valid call found for one set of array attributes (see the module docstring)."""
 
     dev: int
-    m: int
-    n: int
+    problem: Problem
     shape: tuple  # of y / dx
     lead: tuple  # of mean, rstd
-    dtype: numpy.dtype  # of y / dx
-    acc: numpy.dtype
-    x_stride: int
-    dy_stride: int
-    w_dtype: numpy.dtype
-    b_dtype: numpy.dtype  # forward: b's; backward: db's
-    offsets: tuple  # byte offsets of the outputs in their one allocation, and its size
+    offsets: tuple  # byte offsets of the outputs after the first in their allocation, its size
     dtype_args: tuple  # the outputs' dtypes as cupy.ndarray takes them fastest (_dtype_arg)
     # forward only: the launch, valid while x's pointer has no bits of x_align set
     launch: object = None
@@ -190,8 +78,8 @@ def _forward_key(x, w, b):
 
 def _backward_key(dy, x, w, mean, rstd):
     """The attributes of the arguments a cached backward depends on (flat, as _forward_key)."""
-    if w is None:
-        return (_akey(dy), _akey(x), None, _akey(mean), _akey(rstd))
+    if w is None or mean is None:
+        return (_akey(dy), _akey(x), _vkey(w), _vkey(mean), _akey(rstd))
     t = type
     return (
         t(dy), dy.shape, dy.strides, dy.dtype, dy.data.device_id,
@@ -211,8 +99,39 @@ def _dtype_arg(dtype: numpy.dtype):
     return dtype.type if dtype.type in _SCALAR_TYPES else dtype
 
 
-def _ndarray(shape, dtype, mem, offset: int):
-    return _runtime.cupy().ndarray(shape, dtype, mem + offset if offset else mem)
+def _zero(offset) -> bool:
+    """A weight_offset of 0 (the plain call), told without comparing other types."""
+    return (type(offset) is float or type(offset) is int) and offset == 0
+
+
+def _pieces(specs) -> tuple:
+    """Byte offsets of the outputs of ``specs`` ((shape, dtype) each) after the first in one
+    allocation, then its size."""
+    sizes = [round_up(math.prod(s) * numpy.dtype(d).itemsize) for s, d in specs]
+    return tuple(sum(sizes[: i + 1]) for i in range(len(sizes)))
+
+
+def _allocate(specs, outs):
+    """The outputs of ``specs``: ``outs``' entries where given, the rest new. Without ``outs``,
+    one allocation holds them all; returns (arrays, _pieces or None where ``outs`` came or
+    nothing has elements)."""
+    cupy = _runtime.cupy()
+    if outs is not None or not math.prod(specs[0][0]):
+        got = outs if outs is not None else (None,) * len(specs)
+        return [cupy.empty(s, d) if a is None else a for a, (s, d) in zip(got, specs)], None
+    offsets = _pieces(specs)
+    mem = _runtime.allocate(offsets[-1])
+    starts = (0,) + offsets[:-1]
+    made = [cupy.ndarray(s, d, mem + o if o else mem) for (s, d), o in zip(specs, starts)]
+    return made, offsets
+
+
+def _scale(w, offset: float, acc):
+    """The array the kernels read as w (None without one): ``w + offset`` in the arithmetic
+    type where an offset (checked) is given."""
+    if w is None or not offset:
+        return aligned_vector(w)
+    return w.astype(acc) + acc.type(offset)
 
 
 # ------------------------------------------------------------------------------ forward
@@ -245,96 +164,143 @@ def forward(
         (float64 for float64 x), rstd = 1 / sqrt(var + eps). Without ``out``, the three share
         one allocation. With a residual: (y, mean, rstd, h).
     """
-    if residual is not None or residual_dtype is not None or weight_offset != 0.0:
-        from . import _family
-
-        return _family.norm_forward(x, w, b, eps, False, residual, residual_dtype, weight_offset,
-                                    out)  # fmt: skip
-    if out is None:
-        try:
-            call = _forward_calls.get(_forward_key(x, w, b))
-        except AttributeError:  # not arrays: the checks below say what came
-            call = None
-        if call is not None:
-            eps = _checks.eps(eps)
-            cuda = _runtime.loaded[1]  # loaded by the call that was cached
-            x_ptr = x.data.ptr
-            w_ptr = 0 if w is None else w.data.ptr
-            b_ptr = 0 if b is None else b.data.ptr
-            if (
-                not ((w_ptr | b_ptr) & 63 or x_ptr & call.x_align)
-                and cuda.device() == call.dev
-                and cuda.context()
-            ):
-                o1, o2, size = call.offsets
-                mem = cuda.alloc(size)
-                y_ptr = mem.ptr
-                call.launch(call.grid, call.block, call.smem, cuda.stream().ptr,
-                            x_ptr, call.x_stride, y_ptr, w_ptr, b_ptr, y_ptr + o1, y_ptr + o2,
-                            call.m, call.n, eps, 0, 0, 0)  # fmt: skip
-                nd, (y_dtype, stat_dtype) = cuda.ndarray, call.dtype_args
-                return (
-                    nd(call.shape, y_dtype, mem),
-                    nd(call.lead, stat_dtype, mem + o1),
-                    nd(call.lead, stat_dtype, mem + o2),
-                )
-    return _forward_checked(x, w, b, eps, out)
+    if residual is None and residual_dtype is None and out is None and _zero(weight_offset):
+        got = _forward_cached(False, x, w, b, eps)
+        if got is not None:
+            return got
+    return _forward_checked(x, w, b, eps, False, residual, residual_dtype, weight_offset, out)
 
 
-def _forward_checked(x, w, b, eps, out):
+def rms_forward(
+    x: ndarray,
+    w: ndarray | None = None,
+    eps: float = 1e-6,
+    *,
+    residual: ndarray | None = None,
+    residual_dtype=None,
+    weight_offset: float = 0.0,
+    out: tuple | None = None,
+) -> tuple:
+    """RMSNorm over the last dimension of ``x``: y = x * rstd * (w + weight_offset), rstd =
+    1 / sqrt(mean(x^2) + eps) in float32 (float64 for float64 x).
+
+    Args: as ``cupyln.forward`` (no bias); ``out``: optional (y, rstd).
+
+    Returns:
+        (y, rstd); with a ``residual``, (y, rstd, h): h = x + residual, added in float32 and
+        stored in ``residual_dtype`` (default residual's dtype), is what is normalized.
+    """
+    if residual is None and residual_dtype is None and out is None and _zero(weight_offset):
+        got = _forward_cached(True, x, w, None, eps)
+        if got is not None:
+            return got
+    return _forward_checked(x, w, None, eps, True, residual, residual_dtype, weight_offset, out)
+
+
+def _forward_cached(rms: bool, x, w, b, eps):
+    """The outputs of a plain forward through the cached call of these arrays' attributes, or
+    None where there is none (or the pointers' alignment or the device differ)."""
+    try:
+        call = _forward_calls[rms].get(_forward_key(x, w, b))
+    except AttributeError:  # not arrays: the checks say what came
+        return None
+    if call is None:
+        return None
+    eps = _checks.eps(eps)
+    cuda = _runtime.loaded[1]  # loaded by the call that was cached
+    x_ptr = x.data.ptr
+    w_ptr = 0 if w is None else w.data.ptr
+    b_ptr = 0 if b is None else b.data.ptr
+    if (w_ptr | b_ptr) & 63 or x_ptr & call.x_align or cuda.device() != call.dev:
+        return None
+    if not cuda.context():
+        return None
+    *stats, size = call.offsets
+    mem = cuda.alloc(size)
+    y_ptr = mem.ptr
+    p = call.problem
+    mean_ptr = 0 if rms else y_ptr + stats[0]
+    call.launch(call.grid, call.block, call.smem, cuda.stream().ptr, x_ptr, p.x_stride, y_ptr,
+                w_ptr, b_ptr, mean_ptr, y_ptr + stats[-1], p.m, p.n, eps, 0, 0, 0)  # fmt: skip
+    nd, (y_dtype, stat_dtype) = cuda.ndarray, call.dtype_args
+    y = nd(call.shape, y_dtype, mem)
+    if rms:
+        return y, nd(call.lead, stat_dtype, mem + stats[0])
+    return y, nd(call.lead, stat_dtype, mem + stats[0]), nd(call.lead, stat_dtype, mem + stats[1])
+
+
+def _forward_checked(x, w, b, eps, rms, residual, residual_dtype, weight_offset, out):
+    """Every dense forward after its checks: the outputs (y, mean, rstd) or (y, rstd), h
+    appended with a residual."""
     n = _checks.input_array(x)
     dev = x.data.device_id
     _checks.vector_array(w, "w", n, dev)
     _checks.vector_array(b, "b", n, dev)
     eps = _checks.eps(eps)
+    offset = _checks.weight_offset(weight_offset, w is not None)
     acc = acc_dtype(x.dtype)
+    h_dtype = None
+    if residual is not None:
+        _checks.array(residual, "residual", dev)
+        h_dtype = _checks.residual(residual.shape, residual.dtype, residual_dtype, x.shape, x.dtype)
+    elif residual_dtype is not None:
+        raise ValueError("residual_dtype needs a residual; got residual=None")
     lead = x.shape[:-1]
-    specs = ((x.shape, x.dtype), (lead, acc), (lead, acc))
-    inputs = (("x", x), ("w", w), ("b", b))
-    outs = _checks.outputs(out, ("y", "mean", "rstd"), specs, dev, inputs, ("y", "x"))
+    names = ("y", "rstd") if rms else ("y", "mean", "rstd")
+    specs = ((x.shape, x.dtype),) + ((lead, acc),) * (len(names) - 1)
+    inputs = (("x", x), ("w", w), ("b", b), ("residual", residual))
+    outs = _checks.outputs(out, names, specs, dev, inputs, ("y", "x"))
     m = math.prod(lead)
-    wdt = x.dtype if w is None else w.dtype
-    bdt = x.dtype if b is None else b.dtype
-
+    cupy = _runtime.cupy()
     with _runtime.OnDevice(dev):
+        scale = _scale(w, offset, acc)
+        b2 = aligned_vector(b)
         x2, stride = rows(x)
-        w2, b2 = aligned_vector(w), aligned_vector(b)
-        y, mean, rstd = outs if outs is not None else (None, None, None)
-        if outs is None and m:
-            y_bytes = _round_up(m * n * x.itemsize)
-            stat_bytes = _round_up(m * acc.itemsize)
-            offsets = (y_bytes, y_bytes + stat_bytes, y_bytes + 2 * stat_bytes)
-            mem = _runtime.allocate(offsets[2])
-            y = _ndarray(x.shape, x.dtype, mem, 0)
-            mean = _ndarray(lead, acc, mem, offsets[0])
-            rstd = _ndarray(lead, acc, mem, offsets[1])
-            in_place = x2 is x and w2 is w and b2 is b
-            if in_place and len(_forward_calls) < _MAX_CALLS:
-                affine = (w is not None, b is not None)
-                k, grid, block, smem, vec, _ = _launcher.forward_launch_at(
-                    dev, m, n, stride, x.dtype, wdt, bdt, affine, x.data.ptr & 15
-                )
-                _forward_calls[_forward_key(x, w, b)] = _Call(
-                    dev, m, n, x.shape, lead, x.dtype, acc, stride, 0, wdt, bdt, offsets,
-                    (_dtype_arg(x.dtype), _dtype_arg(acc)), k, grid, block, smem,
-                    vec * x.itemsize - 1,
-                )  # fmt: skip
-        cupy = _runtime.cupy()
-        y = cupy.empty(x.shape, x.dtype) if y is None else y
-        mean = cupy.empty(lead, acc) if mean is None else mean
-        rstd = cupy.empty(lead, acc) if rstd is None else rstd
-        if m == 0:
-            return y, mean, rstd
-        _launcher.launch_forward(dev, m, n, x2.data.ptr, stride, x.dtype, y.data.ptr, ptr(w2),
-                                 wdt, ptr(b2), bdt, mean.data.ptr, rstd.data.ptr, eps)  # fmt: skip
-    return y, mean, rstd
+        made, offsets = _allocate(specs, outs)
+        y, stats = made[0], made[1:]
+        mean, rstd = (None, stats[0]) if rms else stats
+        h = r2 = None
+        r_stride = 0
+        if residual is not None:
+            h = cupy.empty(x.shape, h_dtype)
+            r2, r_stride = rows(residual)
+        if not m:
+            return (*made, h) if h is not None else tuple(made)
+        p = Problem(m, n, x.dtype, None if scale is None else scale.dtype,
+                    None if b2 is None else b2.dtype, rms,
+                    None if h is None else (residual.dtype, h_dtype), x_stride=stride,
+                    r_stride=r_stride)  # fmt: skip
+        plain = h is None and not offset and offsets is not None
+        calls = _forward_calls[rms]
+        if plain and x2 is x and scale is w and b2 is b and len(calls) < _MAX_CALLS:
+            k, grid, block, smem, vec, _ = _launcher.forward_launch_at(dev, p, x.data.ptr & 15)
+            calls[_forward_key(x, w, b)] = _Call(
+                dev, p, x.shape, lead, offsets, (_dtype_arg(x.dtype), _dtype_arg(acc)), k, grid,
+                block, smem, vec * x.itemsize - 1,
+            )  # fmt: skip
+        ptrs = (x2.data.ptr, y.data.ptr, ptr(scale), ptr(b2), ptr(mean), rstd.data.ptr, ptr(r2),
+                ptr(h))  # fmt: skip
+        _launcher.launch_forward(dev, p, ptrs, eps, None, _runtime.pool_workspace)
+    return (*made, h) if h is not None else tuple(made)
 
 
 def layer_norm(
-    x: ndarray, w: ndarray | None = None, b: ndarray | None = None, eps: float = 1e-5
+    x: ndarray,
+    w: ndarray | None = None,
+    b: ndarray | None = None,
+    eps: float = 1e-5,
+    *,
+    weight_offset: float = 0.0,
 ) -> ndarray:
     """``forward(x, w, b, eps)[0]``: the normalized array only."""
-    return forward(x, w, b, eps)[0]
+    return forward(x, w, b, eps, weight_offset=weight_offset)[0]
+
+
+def rms_norm(
+    x: ndarray, w: ndarray | None = None, eps: float = 1e-6, *, weight_offset: float = 0.0
+) -> ndarray:
+    """``rms_forward(x, w, eps)[0]``: the normalized array only."""
+    return rms_forward(x, w, eps, weight_offset=weight_offset)[0]
 
 
 # ------------------------------------------------------------------------------ backward
@@ -347,13 +313,15 @@ def backward(
     *,
     dh: ndarray | None = None,
     weight_offset: float = 0.0,
+    db_dtype=None,
     bias_dtype=None,
     out: tuple | None = None,
 ) -> tuple[ndarray, ndarray | None, ndarray]:
     """Gradients of LayerNorm given the forward's saved mean and rstd.
 
     Args:
-        dy: gradient of y, same shape and dtype as x (rows may be strided, as x).
+        dy: gradient of y, x's shape, of x's precision (another dtype of it is converted);
+            rows may be strided, as x's.
         x: the forward's input.
         w: the forward's weight, or None (then dw is None).
         mean, rstd: the forward's statistics, shape x.shape[:-1], float32 (float64 for float64 x).
@@ -361,114 +329,167 @@ def backward(
             along the residual stream, added to dx; dx is then the gradient of both x and
             residual, of h's dtype, and dy may have y's dtype where h's differs.
         weight_offset: the forward's (the scale is w + weight_offset).
-        bias_dtype: dtype of db (default: w's dtype, or x's without w).
-        out: optional (dx, dw, db) preallocated outputs (entries may be None), sharing no
-            memory with each other or with the inputs.
+        db_dtype: dtype of db (default: w's dtype, or x's without w). ``bias_dtype`` is its
+            old, deprecated name.
+        out: optional (dx, dw, db) preallocated outputs (entries may be None; dw must be None
+            without w), sharing no memory with each other or with the inputs.
 
     Returns:
         (dx, dw, db): dx like x; dw (w's dtype, None without w) and db (column sum of dy),
         computed deterministically (the same inputs give bitwise-identical results). Without
         ``out``, the three share one allocation.
     """
-    if dh is not None or weight_offset != 0.0:
-        from . import _family
+    if bias_dtype is not None:
+        db_dtype = _checks.renamed("bias_dtype", bias_dtype, "db_dtype", db_dtype)
+    if dh is None and out is None and db_dtype is None and _zero(weight_offset):
+        got = _backward_cached(False, dy, x, w, mean, rstd)
+        if got is not None:
+            return got
+    return _backward_checked(dy, x, w, mean, rstd, False, dh, weight_offset, db_dtype, out)
 
-        return _family.norm_backward(dy, x, w, mean, rstd, dh, weight_offset, bias_dtype, out)
-    if out is None and bias_dtype is None:
-        try:
-            call = _backward_calls.get(_backward_key(dy, x, w, mean, rstd))
-        except AttributeError:  # not arrays: the checks below say what came
-            call = None
-        if call is not None:
-            cuda = _runtime.loaded[1]  # loaded by the call that was cached
-            if not ptr(w) & 63 and cuda.device() == call.dev and cuda.context():
-                return _backward_launch_call(call, dy, x, w, mean, rstd)
-    return _backward_checked(dy, x, w, mean, rstd, bias_dtype, out)
+
+def rms_backward(
+    dy: ndarray,
+    x: ndarray,
+    w: ndarray | None,
+    rstd: ndarray,
+    *,
+    dh: ndarray | None = None,
+    weight_offset: float = 0.0,
+    out: tuple | None = None,
+) -> tuple:
+    """Gradients of RMSNorm given the forward's rstd: (dx, dw), dw None without w, computed
+    deterministically. With a residual add in front, ``x`` is the forward's h and ``dh`` the
+    gradient reaching h along the residual stream (added to dx, the gradient of both x and
+    residual). Args otherwise as ``backward``; ``out``: optional (dx, dw)."""
+    if dh is None and out is None and _zero(weight_offset):
+        got = _backward_cached(True, dy, x, w, None, rstd)
+        if got is not None:
+            return got
+    return _backward_checked(dy, x, w, None, rstd, True, dh, weight_offset, None, out)
+
+
+def _backward_cached(rms: bool, dy, x, w, mean, rstd):
+    """The gradients of a plain backward through the cached call, or None (as
+    _forward_cached)."""
+    try:
+        call = _backward_calls[rms].get(_backward_key(dy, x, w, mean, rstd))
+    except AttributeError:  # not arrays: the checks say what came
+        return None
+    if call is None:
+        return None
+    cuda = _runtime.loaded[1]  # loaded by the call that was cached
+    if ptr(w) & 63 or cuda.device() != call.dev or not cuda.context():
+        return None
+    return _backward_launch_call(call, dy, x, w, mean, rstd)
 
 
 def _backward_launch_call(call, dy, x, w, mean, rstd):
     """Allocate dx, dw, db in one block (the workspace in another) and launch."""
-    o1, o2, size = call.offsets
+    o_dw, o_db, size = call.offsets
     cuda = _runtime.loaded[1]
     mem = cuda.alloc(size)
     dx_ptr = mem.ptr
-    dw_ptr = dx_ptr + o1 if w is not None else 0
-    _launcher.launch_backward(call.dev, call.m, call.n, dy.data.ptr, call.dy_stride, x.data.ptr,
-                              call.x_stride, call.dtype, ptr(w), call.w_dtype, mean.data.ptr,
-                              rstd.data.ptr, dx_ptr, dw_ptr, dx_ptr + o2, call.b_dtype,
-                              _runtime.pool_workspace)  # fmt: skip
+    dw_ptr = dx_ptr + o_dw if w is not None else 0
+    db_ptr = dx_ptr + o_db if o_db else 0
+    ptrs = (dy.data.ptr, x.data.ptr, ptr(w), ptr(mean), rstd.data.ptr, dx_ptr, dw_ptr, db_ptr, 0)
+    _launcher.launch_backward(call.dev, call.problem, ptrs, _runtime.pool_workspace)
     nd, (dx_dtype, dw_dtype, db_dtype) = cuda.ndarray, call.dtype_args
-    n = (call.n,)
-    return (
-        nd(call.shape, dx_dtype, mem),
-        None if w is None else nd(n, dw_dtype, mem + o1),
-        nd(n, db_dtype, mem + o2),
-    )
+    n = (call.problem.n,)
+    dx = nd(call.shape, dx_dtype, mem)
+    dw = None if w is None else nd(n, dw_dtype, mem + o_dw)
+    if not o_db:
+        return dx, dw
+    return dx, dw, nd(n, db_dtype, mem + o_db)
 
 
-def _backward_checked(dy, x, w, mean, rstd, bias_dtype, out):
+def _backward_checked(dy, x, w, mean, rstd, rms, dh, weight_offset, db_dtype, out):
+    """Every dense backward after its checks: (dx, dw, db), or (dx, dw) for RMSNorm."""
     n = _checks.input_array(x)
     dev = x.data.device_id
     _checks.array(dy, "dy", dev)
-    _checks.like(dy.shape, dy.dtype, "dy", x.shape, x.dtype, "x")
-    _checks.vector_array(w, "w", n, dev)
     acc = acc_dtype(x.dtype)
+    _checks.gradient(dy.shape, dy.dtype, "dy", x.shape, x.dtype)
+    if dh is not None:
+        _checks.array(dh, "dh", dev)
+        _checks.like(dh.shape, dh.dtype, "dh", x.shape, x.dtype, "x")
+    _checks.vector_array(w, "w", n, dev)
+    offset = _checks.weight_offset(weight_offset, w is not None)
     lead = x.shape[:-1]
-    for a, name in ((mean, "mean"), (rstd, "rstd")):
+    stats = (("rstd", rstd),) if rms else (("mean", mean), ("rstd", rstd))
+    for name, a in stats:
         _checks.array(a, name, dev)
         _checks.statistics(a.shape, a.dtype, name, lead, acc, x.dtype)
     wdt = x.dtype if w is None else w.dtype
-    db_dtype = _checks.bias_dtype(bias_dtype, wdt)
-    specs = ((x.shape, x.dtype), ((n,), wdt), ((n,), db_dtype))
-    inputs = (("dy", dy), ("x", x), ("w", w), ("mean", mean), ("rstd", rstd))
-    outs = _checks.outputs(out, ("dx", "dw", "db"), specs, dev, inputs)
+    db_dtype = _checks.dtype_arg(db_dtype, wdt, "db_dtype")
+    names = ("dx", "dw") if rms else ("dx", "dw", "db")
+    specs = ((x.shape, x.dtype), ((n,), wdt), ((n,), db_dtype))[: len(names)]
+    inputs = (("dy", dy), ("x", x), ("w", w), ("dh", dh)) + stats
+    outs = _checks.outputs(out, names, specs, dev, inputs)
+    if outs is not None and w is None and outs[1] is not None:
+        raise ValueError("out's dw must be None without w: there is no dw; got an array")
     m = math.prod(lead)
-
     cupy = _runtime.cupy()
     with _runtime.OnDevice(dev):
+        scale = _scale(w, offset, acc)
         x2, xs = rows(x)
-        dy2, gs = rows(dy)
-        mean2 = cupy.ascontiguousarray(mean)
+        dy2, gs = rows(dy if dy.dtype == x.dtype else dy.astype(x.dtype))
+        dh2, hs = rows(dh) if dh is not None else (None, 0)
+        mean2 = None if rms else cupy.ascontiguousarray(mean)
         rstd2 = cupy.ascontiguousarray(rstd)
-        w2 = aligned_vector(w)
-        if outs is None and m:
-            dx_bytes = _round_up(m * n * x.itemsize)
-            dw_bytes = _round_up(n * wdt.itemsize)
-            offsets = (dx_bytes, dx_bytes + dw_bytes, dx_bytes + dw_bytes + n * db_dtype.itemsize)
-            dtype_args = tuple(_dtype_arg(d) for d in (x.dtype, wdt, db_dtype))
-            call = _Call(
-                dev, m, n, x.shape, lead, x.dtype, acc, xs, gs, wdt, db_dtype, offsets, dtype_args
-            )  # fmt: skip
-            in_place = x2 is x and dy2 is dy and mean2 is mean and rstd2 is rstd and w2 is w
-            if in_place and bias_dtype is None and len(_backward_calls) < _MAX_CALLS:
-                _backward_calls[_backward_key(dy, x, w, mean, rstd)] = call
-            return _backward_launch_call(call, dy2, x2, w2, mean2, rstd2)
-        dx, dw, db = outs if outs is not None else (None, None, None)
-        dx = cupy.empty(x.shape, x.dtype) if dx is None else dx
-        dw = None if w is None else (cupy.empty(n, wdt) if dw is None else dw)
-        db = cupy.empty(n, db_dtype) if db is None else db
+        kdt = None if scale is None else scale.dtype  # dw's dtype in the kernels
+        p = Problem(m, n, x.dtype, kdt, db_dtype, rms, dh=dh is not None, x_stride=xs,
+                    dy_stride=gs, dh_stride=hs)  # fmt: skip
+        plain = dh is None and not offset and outs is None and m
+        if plain:  # one allocation, and the call cached where the arrays are used in place
+            if w is None:
+                specs = (specs[0], ((0,), wdt)) + specs[2:]
+            offsets = _pieces(specs)
+            dtype_args = tuple(_dtype_arg(d) for _, d in specs) + (None,) * rms
+            if rms:  # (dw, no db, size)
+                offsets = (offsets[0], 0, offsets[1])
+            call = _Call(dev, p, x.shape, lead, offsets, dtype_args)
+            in_place = x2 is x and dy2 is dy and rstd2 is rstd and scale is w
+            calls = _backward_calls[rms]
+            if in_place and (rms or mean2 is mean) and len(calls) < _MAX_CALLS:
+                calls[_backward_key(dy, x, w, mean, rstd)] = call
+            return _backward_launch_call(call, dy2, x2, scale, mean2, rstd2)
+        got = list(outs) if outs is not None else [None] * len(names)
+        dx = cupy.empty(x.shape, x.dtype) if got[0] is None else got[0]
+        dw = None
+        if w is not None:
+            dw = got[1] if got[1] is not None and kdt == wdt else cupy.empty(n, kdt)
+        db = None
+        if not rms:
+            db = cupy.empty(n, db_dtype) if got[2] is None else got[2]
         if m == 0:
-            if dw is not None:
-                dw.fill(0)
-            db.fill(0)
-            return dx, dw, db
-        _launcher.launch_backward(
-            dev, m, n, dy2.data.ptr, gs, x2.data.ptr, xs, x.dtype, ptr(w2), wdt,
-            mean2.data.ptr, rstd2.data.ptr, dx.data.ptr, ptr(dw), db.data.ptr, db_dtype,
-            _runtime.pool_workspace,
-        )  # fmt: skip
-    return dx, dw, db
+            for a in (dw, db):
+                if a is not None:
+                    a.fill(0)
+        else:
+            ptrs = (dy2.data.ptr, x2.data.ptr, ptr(scale), ptr(mean2), rstd2.data.ptr, dx.data.ptr,
+                    ptr(dw), ptr(db), ptr(dh2))  # fmt: skip
+            _launcher.launch_backward(dev, p, ptrs, _runtime.pool_workspace)
+        if dw is not None and dw.dtype != wdt:  # the scale's dtype: back to w's
+            if got[1] is None:
+                dw = dw.astype(wdt)
+            else:
+                cupy.copyto(got[1], dw, casting="unsafe")
+                dw = got[1]
+    return (dx, dw) if rms else (dx, dw, db)
 
 
 def describe(x: ndarray, w: ndarray | None = None, b: ndarray | None = None) -> dict[str, str]:
     """Which kernels ``forward(x, w, b)`` and ``backward`` run for these arrays, with their
     launch shape, registers per thread and resident blocks on the device (for benchmarks)."""
-    n, dev = x.shape[-1], x.data.device_id
+    n = _checks.input_array(x)
+    dev = x.data.device_id
+    _checks.vector_array(w, "w", n, dev)
+    _checks.vector_array(b, "b", n, dev)
     x2, stride = rows(x)
     vec = vector_width(x.itemsize, n, (stride,), (x2.data.ptr,))
-    wdt = x.dtype if w is None else w.dtype
-    bdt = x.dtype if b is None else b.dtype
     m = max(1, math.prod(x.shape[:-1]))  # (an empty x launches nothing; the plans of one row)
+    p = Problem(m, n, x.dtype, None if w is None else w.dtype, None if b is None else b.dtype,
+                x_stride=stride)  # fmt: skip
     with _runtime.OnDevice(dev):
-        return _launcher.describe_kernels(dev, m, n, x.dtype, wdt, bdt, vec,
-                                          (w is not None, b is not None))  # fmt: skip
+        return _launcher.describe_kernels(dev, p, vec)

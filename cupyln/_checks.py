@@ -6,6 +6,7 @@ bridges check that a tensor is theirs and on a GPU, then call these."""
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy
 
@@ -23,10 +24,22 @@ def eps(value) -> float:
         value, (int, float, numpy.integer, numpy.floating)
     ):
         raise TypeError(f"eps must be a real number; got {type(value).__name__}")
-    value = float(value)
-    if not (math.isfinite(value) and value >= 0.0):
+    value = _finite(value, "eps", " and >= 0")
+    if not value >= 0.0:
         raise ValueError(f"eps must be finite and >= 0; got {value}")
     return value
+
+
+def _finite(value, name: str, also: str = "") -> float:
+    """A real number as a finite float: ValueError for an inf, a NaN or an int past float's
+    range."""
+    try:
+        f = float(value)
+    except OverflowError:
+        raise ValueError(f"{name} must be finite{also}; got an int past float's range") from None
+    if not math.isfinite(f):
+        raise ValueError(f"{name} must be finite{also}; got {f}")
+    return f
 
 
 def width(shape, name: str) -> int:
@@ -70,15 +83,24 @@ def like(shape, dt, name: str, ref_shape, ref_dt, ref_name: str) -> None:
         raise TypeError(f"{name} must have the dtype of {ref_name} ({ref_dt}); got {dt}")
 
 
+def gradient(shape, dt, name: str, ref_shape, ref_dt, ref_name: str = "x") -> None:
+    """A gradient with the shape of the input it belongs to, of its precision (another dtype
+    of that precision is converted by the caller)."""
+    if tuple(shape) != tuple(ref_shape):
+        raise ValueError(f"{name} must have the shape of {ref_name} {tuple(ref_shape)}; "
+                         f"got {tuple(shape)}")  # fmt: skip
+    if TABLE[dt][1] != TABLE[ref_dt][1]:
+        raise TypeError(f"{name} must be of {ref_name}'s precision ({ref_dt}: float64 only with "
+                        f"float64, else float32, float16 or bfloat16); got {dt}")  # fmt: skip
+
+
 def weight_offset(value, has_weight: bool = True) -> float:
     """weight_offset as a float: a finite real number, nonzero only with a weight."""
     if isinstance(value, bool) or not isinstance(
         value, (int, float, numpy.integer, numpy.floating)
     ):
         raise TypeError(f"weight_offset must be a real number; got {type(value).__name__}")
-    value = float(value)
-    if not math.isfinite(value):
-        raise ValueError(f"weight_offset must be finite; got {value}")
+    value = _finite(value, "weight_offset")
     if value and not has_weight:
         raise ValueError("weight_offset needs a weight; got weight=None")
     return value
@@ -97,9 +119,12 @@ def residual(shape, dt, residual_dtype, x_shape, x_dtype) -> numpy.dtype:
     return h_dtype
 
 
-def bias_dtype(value, default) -> numpy.dtype:
-    """db's dtype: ``value`` if given (one the kernels take), else ``default``."""
-    return dtype_arg(value, default, "bias_dtype")
+def renamed(old: str, value, new: str, given):
+    """A deprecated keyword's value under its new name, with a DeprecationWarning."""
+    if given is not None:
+        raise TypeError(f"{old} is the old name of {new}; pass {new} alone")
+    warnings.warn(f"{old} is deprecated; it is now called {new}", DeprecationWarning, 3)
+    return value
 
 
 def dtype_arg(value, default, name: str) -> numpy.dtype:
@@ -108,9 +133,13 @@ def dtype_arg(value, default, name: str) -> numpy.dtype:
         return default
     try:
         dt = numpy.dtype(value)
-    except TypeError:
+    except (TypeError, ValueError):
         dt = value
-    if dt not in TABLE:
+    try:
+        known = dt in TABLE
+    except TypeError:  # unhashable
+        known = False
+    if not known:
         raise TypeError(f"{name} must be one of {', '.join(SUPPORTED_NAMES)}; got {value}")
     return dt
 

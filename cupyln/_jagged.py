@@ -24,8 +24,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from . import _checks, _launcher, _runtime
-from ._api import aligned_vector, ptr
 from ._dtypes import INDEX, acc_dtype
+from ._layout import aligned_vector, ptr
 from ._plans import backward as bwd
 from ._plans.common import grid_size, vector_width
 from ._plans.jagged import JAG_CLAMP_BLOCK as CLAMP  # the offsets' clamp
@@ -233,9 +233,10 @@ def jagged_backward(
     mean: ndarray,
     rstd: ndarray,
     *,
-    bias_dtype=None,
+    db_dtype=None,
     max_seqlen: int | None = None,
     check_offsets: bool = True,
+    bias_dtype=None,
 ) -> tuple[ndarray, ndarray | None, ndarray]:
     """Gradients of the jagged LayerNorm at the forward's saved mean and rstd.
 
@@ -244,11 +245,14 @@ def jagged_backward(
         values, offsets: the forward's inputs.
         w: the forward's weight or None (then dw is None).
         mean, rstd: the forward's statistics, [B].
-        bias_dtype: dtype of db (default: w's, or values' without w).
+        db_dtype: dtype of db (default: w's, or values' without w); ``bias_dtype`` is its
+            old, deprecated name.
 
     Returns:
         (dx, dw, db): dx like values; dw, db of shape [D], deterministic.
     """
+    if bias_dtype is not None:
+        db_dtype = _checks.renamed("bias_dtype", bias_dtype, "db_dtype", db_dtype)
     total, d, dev, nseq, _ = _setup(values, offsets, w, None, 0.0, max_seqlen)
     _checks.array(dy, "dy", dev)
     _checks.like(dy.shape, dy.dtype, "dy", values.shape, values.dtype, "values")
@@ -259,7 +263,7 @@ def jagged_backward(
             raise ValueError(f"{name} must be {acc.name} of shape ({nseq},); got {a.dtype} "
                              f"{a.shape}")  # fmt: skip
     wdt = values.dtype if w is None else w.dtype
-    db_dtype = _checks.bias_dtype(bias_dtype, wdt)
+    db_dtype = _checks.dtype_arg(db_dtype, wdt, "db_dtype")
     cupy = _runtime.cupy()
     with _runtime.OnDevice(dev):
         values, offsets, w, _ = _prepare(values, offsets, w, None)

@@ -130,21 +130,20 @@ NORMS = {"ln": (2, 3), "rms": (2, 3), "add_rms": (4, 4), "add_ln": (4, 4)}
 def _time_family(norm, x, w, b, dy, directions=DIRECTIONS):
     """(forward ms, backward ms) of a family member through the CuPy API: RMSNorm, or the
     residual add in front of RMSNorm or LayerNorm (the backward with dh)."""
-    from . import _family
 
     fwd, bwd = "forward" in directions, "backward" in directions
     if norm == "rms":
-        _, rstd = _family.rms_forward(x, w)
+        _, rstd = _api.rms_forward(x, w)
         return (
-            time_ms(lambda: _family.rms_forward(x, w)) if fwd else None,
-            time_ms(lambda: _family.rms_backward(dy, x, w, rstd)) if bwd else None,
+            time_ms(lambda: _api.rms_forward(x, w)) if fwd else None,
+            time_ms(lambda: _api.rms_backward(dy, x, w, rstd)) if bwd else None,
         )
     r = ref.sample(x.shape, x.dtype, loc=0.3, scale=1.0, seed=x.shape[-1] + 4)
     if norm == "add_rms":
-        _, rstd, h = _family.rms_forward(x, w, residual=r)
+        _, rstd, h = _api.rms_forward(x, w, residual=r)
         return (
-            time_ms(lambda: _family.rms_forward(x, w, residual=r)) if fwd else None,
-            time_ms(lambda: _family.rms_backward(dy, h, w, rstd, dh=r)) if bwd else None,
+            time_ms(lambda: _api.rms_forward(x, w, residual=r)) if fwd else None,
+            time_ms(lambda: _api.rms_backward(dy, h, w, rstd, dh=r)) if bwd else None,
         )
     _, mean, rstd, h = _api.forward(x, w, b, residual=r)
     return (

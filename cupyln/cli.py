@@ -98,7 +98,7 @@ def _check_case(label, shape, xdt, wdt, bdt, tutorial=False) -> bool:
     b = None if bdt is None else ref.sample((n,), bdt, loc=0.5, scale=0.3, seed=3)
     dy = ref.sample(shape, xdt, loc=0.0, scale=0.1 if tutorial else 1.0, seed=4)
     y, mean, rstd = cupyln.forward(x, w, b)
-    dx, dw, db = cupyln.backward(dy, x, w, mean, rstd, bias_dtype=bdt)
+    dx, dw, db = cupyln.backward(dy, x, w, mean, rstd, db_dtype=bdt)
     cupy.cuda.get_current_stream().synchronize()
     yr, _, _ = ref.forward(x, w, b)
     dxr, dwr, dbr = ref.backward(dy, x, w, 1e-5, mean, rstd)  # at the saved statistics
@@ -236,9 +236,9 @@ def cmd_bench(args) -> int:
         return 0
     ns = tuple(int(v) for v in args.n.split(",")) if args.n else bench.DEFAULT_NS
     if args.emulate:
-        from cupyln import _api
+        from cupyln import _control
 
-        _api.emulate(args.emulate)
+        _control.emulate(args.emulate)
         print(f"plans as on {PROFILES[args.emulate].name}, run on this GPU", flush=True)
 
     directions = bench.DIRECTIONS if args.direction == "both" else (args.direction,)

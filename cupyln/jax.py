@@ -45,6 +45,7 @@ import numpy
 from . import _checks, _launcher, _runtime
 from ._dtypes import acc_dtype
 from ._jax_rows import ROWS, SUM, WHOLE, by_rows, devices, psum_wide
+from ._problem import Problem
 
 __all__ = ["layer_norm", "rms_norm", "add_rms_norm", "add_layer_norm", "precompile"]
 
@@ -91,6 +92,7 @@ def _forward_call(m, n, x_dtype, w_dtype, b_dtype, eps):
         jax.ShapeDtypeStruct((m,), acc),
         jax.ShapeDtypeStruct((m,), acc),
     )
+    p = Problem(m, n, x_dtype, w_dtype, b_dtype, x_stride=n)
 
     def callback(ctx, out, x, *wb):
         y, mean, rstd = out
@@ -103,10 +105,8 @@ def _forward_call(m, n, x_dtype, w_dtype, b_dtype, eps):
         with _runtime.OnDevice(dev), _runtime.external_stream(dev, ctx.stream):
             w_ptr = 0 if w is None else _aligned(_ptr(w), n * w_dtype.itemsize, keep)
             b_ptr = 0 if b is None else _aligned(_ptr(b), n * b_dtype.itemsize, keep)
-            _launcher.launch_forward(
-                dev, m, n, x_ptr, n, x_dtype, _ptr(y), w_ptr, w_dtype or x_dtype, b_ptr,
-                b_dtype or x_dtype, _ptr(mean), _ptr(rstd), eps, ctx.stream,
-            )  # fmt: skip
+            ptrs = (x_ptr, _ptr(y), w_ptr, b_ptr, _ptr(mean), _ptr(rstd), 0, 0)
+            _launcher.launch_forward(dev, p, ptrs, eps, ctx.stream)
 
     return buffer_callback(callback, shapes, vmap_method="sequential")
 
@@ -120,6 +120,7 @@ def _backward_call(m, n, x_dtype, w_dtype, db_dtype):
         jax.ShapeDtypeStruct((n,), db_dtype),
     )
     wdt = w_dtype or x_dtype
+    p = Problem(m, n, x_dtype, w_dtype, db_dtype, x_stride=n, dy_stride=n)
 
     def callback(ctx, out, dy, x, mean, rstd, *w):
         dx, dw, db = out
@@ -128,11 +129,9 @@ def _backward_call(m, n, x_dtype, w_dtype, db_dtype):
         keep: list = []
         with _runtime.OnDevice(dev), _runtime.external_stream(dev, ctx.stream):
             w_ptr = _aligned(_ptr(w[0]), n * wdt.itemsize, keep) if w else 0
-            _launcher.launch_backward(
-                dev, m, n, dy_ptr, n, x_ptr, n, x_dtype, w_ptr, wdt, _ptr(mean), _ptr(rstd),
-                dx_ptr, _ptr(dw) if w else 0, _ptr(db), db_dtype, _runtime.pool_workspace,
-                ctx.stream,
-            )  # fmt: skip
+            ptrs = (dy_ptr, x_ptr, w_ptr, _ptr(mean), _ptr(rstd), dx_ptr, _ptr(dw) if w else 0,
+                    _ptr(db), 0)  # fmt: skip
+            _launcher.launch_backward(dev, p, ptrs, _runtime.pool_workspace, ctx.stream)
             del keep  # back to the pool, ordered on XLA's stream
 
     return buffer_callback(callback, shapes, vmap_method="sequential")
@@ -306,6 +305,9 @@ def _family_forward_call(m, n, x_dtype, r_dtype, h_dtype, w_dtype, b_dtype, eps,
         jax.ShapeDtypeStruct((m,), acc),
         jax.ShapeDtypeStruct((m, n) if r_dtype is not None else (0,), h_dtype or x_dtype),
     )
+    residual = None if r_dtype is None else (r_dtype, h_dtype)
+    p = Problem(m, n, x_dtype, w_dtype, b_dtype, rms, residual, x_stride=n,
+                r_stride=0 if r_dtype is None else n)  # fmt: skip
 
     def callback(ctx, out, x, *rest):
         y, mean, rstd, h = out
@@ -319,12 +321,9 @@ def _family_forward_call(m, n, x_dtype, r_dtype, h_dtype, w_dtype, b_dtype, eps,
         with _runtime.OnDevice(dev), _runtime.external_stream(dev, ctx.stream):
             w_ptr = 0 if w is None else _aligned(_ptr(w), n * w_dtype.itemsize, keep)
             b_ptr = 0 if b is None else _aligned(_ptr(b), n * b_dtype.itemsize, keep)
-            _launcher.launch_forward(
-                dev, m, n, x_ptr, n, x_dtype, _ptr(y), w_ptr, w_dtype or x_dtype, b_ptr,
-                b_dtype or x_dtype, 0 if rms else _ptr(mean), _ptr(rstd), eps, ctx.stream, rms,
-                0 if r is None else _ptr(r), n, r_dtype, 0 if r is None else _ptr(h), h_dtype,
-                _runtime.pool_workspace,
-            )  # fmt: skip
+            ptrs = (x_ptr, _ptr(y), w_ptr, b_ptr, 0 if rms else _ptr(mean), _ptr(rstd),
+                    0 if r is None else _ptr(r), 0 if r is None else _ptr(h))  # fmt: skip
+            _launcher.launch_forward(dev, p, ptrs, eps, ctx.stream, _runtime.pool_workspace)
 
     return buffer_callback(callback, shapes, vmap_method="sequential")
 
@@ -339,6 +338,8 @@ def _family_backward_call(m, n, h_dtype, w_dtype, db_dtype, rms, has_dh):
         jax.ShapeDtypeStruct((n,), wdt),
         jax.ShapeDtypeStruct((0 if rms else n,), db_dtype),
     )
+    p = Problem(m, n, h_dtype, w_dtype, db_dtype, rms, dh=has_dh, x_stride=n, dy_stride=n,
+                dh_stride=n if has_dh else 0)  # fmt: skip
 
     def callback(ctx, out, dy, h, mean, rstd, *rest):
         dx, dw, db = out
@@ -350,12 +351,10 @@ def _family_backward_call(m, n, h_dtype, w_dtype, db_dtype, rms, has_dh):
         keep: list = []
         with _runtime.OnDevice(dev), _runtime.external_stream(dev, ctx.stream):
             w_ptr = 0 if w is None else _aligned(_ptr(w), n * wdt.itemsize, keep)
-            _launcher.launch_backward(
-                dev, m, n, _ptr(dy), n, h_ptr, n, h_dtype, w_ptr, wdt,
-                0 if rms else _ptr(mean), _ptr(rstd), _ptr(dx), 0 if w is None else _ptr(dw),
-                0 if rms else _ptr(db), db_dtype, _runtime.pool_workspace, ctx.stream, rms,
-                0 if dh is None else _ptr(dh), n,
-            )  # fmt: skip
+            ptrs = (_ptr(dy), h_ptr, w_ptr, 0 if rms else _ptr(mean), _ptr(rstd), _ptr(dx),
+                    0 if w is None else _ptr(dw), 0 if rms else _ptr(db),
+                    0 if dh is None else _ptr(dh))  # fmt: skip
+            _launcher.launch_backward(dev, p, ptrs, _runtime.pool_workspace, ctx.stream)
             del keep
 
     return buffer_callback(callback, shapes, vmap_method="sequential")

@@ -17,7 +17,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from cupyln import _api, bench  # noqa: E402
+from cupyln import _control, bench  # noqa: E402
 
 
 def sweep(args, directions):
@@ -53,7 +53,7 @@ def main() -> None:
     name, _, values = args.setting.partition("=")
     values = [ast.literal_eval(v) for v in values.split(",")]
     try:
-        original = _api.set_plan_constant(name, values[0])
+        original = _control.set_plan_constant(name, values[0])
     except KeyError as e:
         sys.exit(str(e))
     directions = bench.DIRECTIONS if args.direction == "both" else (args.direction,)
@@ -61,11 +61,11 @@ def main() -> None:
     try:
         for _ in range(args.rounds):
             for v in values:
-                _api.set_plan_constant(name, v)
+                _control.set_plan_constant(name, v)
                 for key, gbs in sweep(args, directions).items():
                     best[(v, key)] = max(best.get((v, key), 0.0), gbs)
     finally:
-        _api.set_plan_constant(name, original)
+        _control.set_plan_constant(name, original)
     keys = sorted({k for _, k in best})
     print(f"{name}, {args.dtype}, best of {args.rounds}, GB/s")
     print(f"{'N':>8} {'dir':>9} " + " ".join(f"{str(v):>16}" for v in values))

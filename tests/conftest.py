@@ -34,9 +34,9 @@ def pytest_addoption(parser):
 def pytest_configure(config):
     profile = config.getoption("--emulate")
     if profile:
-        from cupyln import _api
+        from cupyln import _control
 
-        _api.emulate(profile)
+        _control.emulate(profile)
 
 
 def pytest_report_header(config):

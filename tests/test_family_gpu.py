@@ -15,6 +15,7 @@ import pytest
 from cupyln import _launcher
 from cupyln import reference as ref
 from cupyln._dtypes import TABLE
+from cupyln._problem import Problem
 
 from .conftest import GPU_COUNT, requires_gpu
 from .test_layer_norm_gpu import forward_rules, hopper_plans
@@ -217,8 +218,9 @@ def test_add_norm_stream_rows(monkeypatch, norm, dtype, n):
         m = 37
         x, r = fresh((m, n), dtype), fresh((m, n), dtype, loc=0.3, scale=1.0)
         w, b = fresh((n,), dtype, loc=1.0, scale=0.3), fresh((n,), dtype, loc=0.0, scale=0.3)
-        res = dict(rms=norm == "rms", residual=(x.dtype, x.dtype))
-        plan = _launcher.forward_launch(x.device.id, m, n, x.dtype, w.dtype, b.dtype, 8, **res)[1]
+        p = Problem(m, n, x.dtype, w.dtype, b.dtype, norm == "rms", (x.dtype, x.dtype), x_stride=n,
+                    r_stride=n)  # fmt: skip
+        plan = _launcher.forward_launch(x.device.id, p, 8)[1]
         if hopper_plans(x):
             assert (plan.tier, plan.items) == ("stream", 2 if n == 8192 else 4), plan
         cupy.get_default_memory_pool().free_all_blocks()

@@ -15,9 +15,10 @@ import pytest
 
 from cupyln import _launcher
 from cupyln import reference as ref
-from cupyln._api import rows as _rows
 from cupyln._dtypes import TABLE
+from cupyln._layout import rows as _rows
 from cupyln._plans.devices import PROFILES
+from cupyln._problem import Problem
 
 from .conftest import GPU_COUNT, requires_gpu
 
@@ -79,7 +80,7 @@ def run_and_check(x, w, b, dy, eps=1e-5, bias_dtype=None, rows_scale=None, dx_sc
         )
     y, mean, rstd = cupyln.forward(x, w, b, eps, out=outs)
     assert y is outs[0] and mean is outs[1] and rstd is outs[2]
-    dx, dw, db = cupyln.backward(dy, x, w, mean, rstd, bias_dtype=bdt, out=gouts)
+    dx, dw, db = cupyln.backward(dy, x, w, mean, rstd, db_dtype=bdt, out=gouts)
     assert dx is gouts[0] and db is gouts[2] and (dw is None) == (w is None)
     with home:
         _compare(x, w, b, dy, eps, m, rows_scale, (y, mean, rstd, dx, dw, db), dx_scale)
@@ -126,11 +127,11 @@ def hopper_plans(x) -> bool:
 def forward_rules(monkeypatch, **values):
     """The forward's plan constants (cupyln._plans.forward) set to ``values`` for the block,
     its plans and cached launches cleared before and after."""
-    from cupyln import _api
+    from cupyln import _control
     from cupyln._plans import forward
 
     def clear():
-        _api.forget_plans()
+        _control.forget_plans()
 
     for name, value in values.items():
         monkeypatch.setattr(forward, name, value)
@@ -276,7 +277,7 @@ def test_short_backward_grids_and_dependent_reduce(monkeypatch, m, n):
     """Short backward launches, whose grids grow to fill the SMs (backward_grid), checked against
     the float64 reference; ln_partial_reduce launched dependent on the partials' kernel (sm_90,
     driver 12.3+) gives bitwise the dw/db of a plain launch."""
-    from cupyln import _api, _launcher, _runtime
+    from cupyln import _control, _launcher, _runtime
     from cupyln._plans import backward
 
     x, w, b, dy = inputs((m, n), "bfloat16", "bfloat16", "bfloat16")
@@ -284,14 +285,15 @@ def test_short_backward_grids_and_dependent_reduce(monkeypatch, m, n):
     _, mean, rstd = cupyln.forward(x, w, b)
 
     def clear():
-        _api.forget_plans()
+        _control.forget_plans()
 
     def grads(after_prior):
         monkeypatch.setattr(backward, "REDUCE_AFTER_PRIOR", after_prior)
         clear()
         got = [cupyln.backward(dy, x, w, mean, rstd) for _ in range(3)]
         vec = _launcher.vector_widths(2, n, (n,), x.data.ptr & 15)
-        launch = _launcher.backward_launch(x.data.device_id, m, n, x.dtype, w.dtype, w.dtype, vec)
+        p = Problem(m, n, x.dtype, w.dtype, w.dtype, x_stride=n, dy_stride=n)
+        launch = _launcher.backward_launch(x.data.device_id, p, vec)
         return got, launch.reduce[0]
 
     (dependent, red), (plain, red_plain) = grads(True), grads(False)
@@ -319,7 +321,7 @@ def test_backward_row_groups_share_a_block(dtype, n, tpr, always):
         first = run_and_check(x, w, b, dy)
         _, mean, rstd = cupyln.forward(x, w, b)
         for _ in range(2):
-            again = cupyln.backward(dy, x, w, mean, rstd, bias_dtype=b.dtype)
+            again = cupyln.backward(dy, x, w, mean, rstd, db_dtype=b.dtype)
             for a, want in zip(again, first[3:]):
                 assert (a is None) == (want is None)
                 assert a is None or bool((a == want).all())
@@ -357,7 +359,8 @@ def test_backward_w_staged(xdt, wdt, n):
     for m in (5, 300):
         x, w, b, dy = inputs((m, n), xdt, wdt, wdt)
         if hopper_plans(x) and wdt is not None:
-            launch = _launcher.backward_launch(x.device.id, m, n, x.dtype, w.dtype, w.dtype, 8)
+            p = Problem(m, n, x.dtype, w.dtype, w.dtype, x_stride=n, dy_stride=n)
+            launch = _launcher.backward_launch(x.device.id, p, 8)
             assert launch.plan.arg("STAGE_W") == (wdt == xdt), launch.plan
         run_and_check(x, w, b, dy)
 
@@ -389,8 +392,9 @@ def test_forward_register_clusters_stage_w_and_b(n, xdt, wdt, cluster, block, st
                 got = cupyln.describe(x, w, b)["forward"]
                 assert f"tpr={block} block={block} " in got, got
                 assert got.endswith(f"cluster={cluster}") and (" smem=0 " not in got) == staged
-                wb = [x.dtype if a is None else a.dtype for a in (w, b)]
-                plan = _launcher.forward_launch(x.device.id, m, n, x.dtype, *wb, 16 // x.itemsize)
+                wb = [None if a is None else a.dtype for a in (w, b)]
+                p = Problem(m, n, x.dtype, *wb, x_stride=n)
+                plan = _launcher.forward_launch(x.device.id, p, 16 // x.itemsize)
                 assert plan[1].arg("LAG") == lag, plan[1]
             run_and_check(x, w, b, dy)
 
@@ -612,8 +616,8 @@ def test_repeated_calls_match_checked_calls(n, xdt, wdt):
         got += cupyln.backward(dy, x, w, got[1], got[2])
         for g, wv, what in zip(got, want, ("y", "mean", "rstd", "dx", "dw", "db")):
             _same_bits(g, wv, what)
-    assert cupyln._api._forward_key(x, w, b) in cupyln._api._forward_calls
-    assert cupyln._api._backward_key(dy, x, w, got[1], got[2]) in cupyln._api._backward_calls
+    assert cupyln._api._forward_key(x, w, b) in cupyln._api._forward_calls[False]
+    assert cupyln._api._backward_key(dy, x, w, got[1], got[2]) in cupyln._api._backward_calls[False]
 
 
 def test_outputs_share_one_allocation():

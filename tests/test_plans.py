@@ -888,28 +888,28 @@ def test_gpus_before_ampere_are_refused_by_name():
 
 
 def test_a_plan_constant_is_set_and_restored():
-    from cupyln import _api
+    from cupyln import _control
 
-    old = _api.set_plan_constant("FWD_REG_ITEMS", 4)
+    old = _control.set_plan_constant("FWD_REG_ITEMS", 4)
     try:
         assert old == 8 and F.FWD_REG_ITEMS == 4
     finally:
-        assert _api.set_plan_constant("FWD_REG_ITEMS", old) == 4
+        assert _control.set_plan_constant("FWD_REG_ITEMS", old) == 4
     assert F.FWD_REG_ITEMS == 8
     with pytest.raises(KeyError, match="no plan constant"):
-        _api.set_plan_constant("forward_plan", None)
+        _control.set_plan_constant("forward_plan", None)
 
 
 def test_a_shared_plan_constant_is_set_everywhere_it_is_bound():
-    from cupyln import _api
+    from cupyln import _control
 
-    old = _api.set_plan_constant("ROW_BLOCK", 128)
+    old = _control.set_plan_constant("ROW_BLOCK", 128)
     try:
         assert C.ROW_BLOCK == F.ROW_BLOCK == B.ROW_BLOCK == 128
         dt = np.dtype(np.float32)
         assert B.backward_plan(10**6, dt, dt, 4, SMEM_H100).block == 128
     finally:
-        _api.set_plan_constant("ROW_BLOCK", old)
+        _control.set_plan_constant("ROW_BLOCK", old)
     assert C.ROW_BLOCK == F.ROW_BLOCK == B.ROW_BLOCK == 256
 
 

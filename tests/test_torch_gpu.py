@@ -12,6 +12,7 @@ import math
 import pytest
 
 from cupyln import reference as ref
+from cupyln._problem import Problem
 from cupyln.bench_frameworks import gpt_block
 
 from .conftest import GPU_COUNT, requires_gpu
@@ -504,7 +505,8 @@ def test_precompile_then_capture_at_another_m():
         w.requires_grad_()
         sx.requires_grad_()
         bf, f4 = _NP[torch.bfloat16], _NP[torch.float32]
-        seen.add(_launcher.forward_launch(sx.device.index, m, n, bf, f4, f4, 8)[1].kernel)
+        p = Problem(m, n, bf, f4, f4, x_stride=n)
+        seen.add(_launcher.forward_launch(sx.device.index, p, 8)[1].kernel)
         compiled = len(_compile._functions)
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):

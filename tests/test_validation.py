@@ -132,8 +132,8 @@ class TestOnGpu:
         cases = [
             (ValueError, r"dy must have the shape of x \(6, 32\); got \(6, 31\)",
              (dy[:, :31], x, w, mean, rstd)),
-            (TypeError, "dy must have the dtype of x .float32.; got float16",
-             (dy.astype("f2"), x, w, mean, rstd)),
+            (TypeError, "dy must be of x's precision .float32: .*; got float64",
+             (dy.astype("f8"), x, w, mean, rstd)),
             (ValueError, r"mean must have shape x.shape\[:-1\] = \(6,\); got \(5,\)",
              (dy, x, w, mean[:5], rstd)),
             (TypeError, "rstd must be float32 for float32 x; got float64",
@@ -145,8 +145,20 @@ class TestOnGpu:
             with pytest.raises(exc, match=match):
                 cupyln.backward(*args, out=(dx, None, None))
             assert bool(cupy.isnan(dx).all()), f"dx written for {match}"
-        with pytest.raises(TypeError, match="bias_dtype must be one of .*; got int64"):
-            cupyln.backward(dy, x, w, mean, rstd, bias_dtype="int64")
+        with pytest.raises(TypeError, match="db_dtype must be one of .*; got int64"):
+            cupyln.backward(dy, x, w, mean, rstd, db_dtype="int64")
+        with pytest.raises(ValueError, match="out's dw must be None without w"):
+            cupyln.backward(dy, x, None, mean, rstd, out=(dx, cupy.empty(32, "f4"), None))
+        assert bool(cupy.isnan(dx).all())
+        # dy of x's precision in another dtype is converted; bias_dtype is db_dtype's old name
+        dy16 = ref.sample((6, 32), "float16", seed=7)
+        want = cupyln.backward(dy16.astype("f4"), x, w, mean, rstd, db_dtype="float64")
+        with pytest.warns(DeprecationWarning, match="bias_dtype is deprecated.*db_dtype"):
+            got = cupyln.backward(dy16, x, w, mean, rstd, bias_dtype="float64")
+        assert got[2].dtype == "float64"
+        assert all(bool((a == b).all()) for a, b in zip(got, want))
+        with pytest.raises(TypeError, match="bias_dtype is the old name of db_dtype"):
+            cupyln.backward(dy, x, w, mean, rstd, bias_dtype="f8", db_dtype="f8")
 
 
 def test_family_checks_name_their_argument():

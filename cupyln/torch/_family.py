@@ -7,6 +7,7 @@ import math
 import torch
 
 from .. import _checks, _launcher
+from .._problem import Problem
 from ._glue import (
     _NP,
     _acc,
@@ -62,16 +63,15 @@ def _fwd_impl(x, residual, weight, bias, eps: float, rms: bool, residual_dtype,
         b = _vector(bias)
         x2, stride = _rows(x)
         r2, rs = _rows(residual) if residual is not None else (None, 0)
-        xdt = _NP[x.dtype]
+        p = Problem(m, n, _NP[x.dtype], None if w is None else _NP[w.dtype],
+                    None if b is None else _NP[b.dtype], rms,
+                    None if r2 is None else (_NP[r2.dtype], hdt), x_stride=stride,
+                    r_stride=rs)  # fmt: skip
+        ptrs = (x2.data_ptr(), y.data_ptr(), _ptr(w), _ptr(b), 0 if rms else mean.data_ptr(),
+                rstd.data_ptr(), _ptr(r2), _ptr(h) if hdt is not None else 0)  # fmt: skip
         index = x.get_device()
-        _on_device(
-            index, _launcher.launch_forward, m, n, x2.data_ptr(), stride, xdt, y.data_ptr(),
-            _ptr(w), xdt if w is None else _NP[w.dtype], _ptr(b),
-            xdt if b is None else _NP[b.dtype], 0 if rms else mean.data_ptr(), rstd.data_ptr(),
-            eps, _stream(index), rms, _ptr(r2), rs,
-            None if r2 is None else _NP[r2.dtype], _ptr(h) if hdt is not None else 0, hdt,
-            _workspace(index),
-        )  # fmt: skip
+        _on_device(index, _launcher.launch_forward, p, ptrs, eps, _stream(index),
+                   _workspace(index))  # fmt: skip
     return y, mean, rstd, h
 
 
@@ -118,14 +118,21 @@ def _bwd_impl(dy, dh, h, weight, mean, rstd, rms: bool, weight_offset: float):
     dh2, hs = _rows(dh) if dh is not None else (None, 0)
     rstd = rstd.to(acc).contiguous()
     mean = None if rms else mean.to(acc).contiguous()
+    p = Problem(m, n, _NP[h.dtype], None if w is None else _NP[w.dtype], _NP[wdt], rms,
+                dh=dh2 is not None, x_stride=xs, dy_stride=gs, dh_stride=hs)  # fmt: skip
+    ptrs = (
+        dy2.data_ptr(),
+        x2.data_ptr(),
+        _ptr(w),
+        _ptr(mean),
+        rstd.data_ptr(),
+        dx.data_ptr(),
+        _ptr(dw_k) if w is not None else 0,
+        0 if rms else db.data_ptr(),
+        _ptr(dh2),
+    )
     index = h.get_device()
-    _on_device(
-        index, _launcher.launch_backward, m, n, dy2.data_ptr(), gs, x2.data_ptr(), xs,
-        _NP[h.dtype], _ptr(w), _NP[wdt] if w is None else _NP[w.dtype], _ptr(mean),
-        rstd.data_ptr(), dx.data_ptr(), _ptr(dw_k) if w is not None else 0,
-        0 if rms else db.data_ptr(), _NP[wdt], _workspace(index), _stream(index), rms,
-        _ptr(dh2), hs,
-    )  # fmt: skip
+    _on_device(index, _launcher.launch_backward, p, ptrs, _workspace(index), _stream(index))
     if dw_k is not dw:
         dw.copy_(dw_k)
     return dx, dw, db

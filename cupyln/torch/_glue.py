@@ -6,6 +6,7 @@ import torch
 
 from .. import _checks, _launcher, _runtime
 from .._dtypes import BFLOAT16, FLOAT16, FLOAT32, FLOAT64
+from .._problem import Problem
 
 #: torch dtype -> the NumPy dtype the launch heuristic and the C-type table know
 _NP = {
@@ -94,14 +95,11 @@ def _forward_into(x, weight, bias, eps, y, mean_ptr: int, rstd_ptr: int) -> None
     m = x.numel() // n
     x, stride = _rows(x)
     weight, bias = _vector(weight), _vector(bias)
-    xdt = _NP[x.dtype]
+    p = Problem(m, n, _NP[x.dtype], None if weight is None else _NP[weight.dtype],
+                None if bias is None else _NP[bias.dtype], x_stride=stride)  # fmt: skip
+    ptrs = (x.data_ptr(), y.data_ptr(), _ptr(weight), _ptr(bias), mean_ptr, rstd_ptr, 0, 0)
     index = x.get_device()
-    _on_device(
-        index, _launcher.launch_forward, m, n, x.data_ptr(), stride, xdt, y.data_ptr(),
-        _ptr(weight), xdt if weight is None else _NP[weight.dtype],
-        _ptr(bias), xdt if bias is None else _NP[bias.dtype],
-        mean_ptr, rstd_ptr, eps, _stream(index),
-    )  # fmt: skip
+    _on_device(index, _launcher.launch_forward, p, ptrs, eps, _stream(index))
 
 
 def _on_device(index: int, launch, *args) -> None:
@@ -121,14 +119,13 @@ def _backward_into(dy, x, weight, mean_ptr: int, rstd_ptr: int, dx, dw, db) -> N
     x, xs = _rows(x)
     dy, gs = _rows(dy)
     weight = _vector(weight)
+    wnp = _NP[db.dtype]  # dw and db in the weight's dtype (x's without one)
+    p = Problem(m, n, _NP[x.dtype], None if weight is None else wnp, wnp, x_stride=xs,
+                dy_stride=gs)  # fmt: skip
+    ptrs = (dy.data_ptr(), x.data_ptr(), _ptr(weight), mean_ptr, rstd_ptr, dx.data_ptr(),
+            _ptr(dw) if weight is not None else 0, db.data_ptr(), 0)  # fmt: skip
     index = x.get_device()
-    wnp = _NP[db.dtype]
-    _on_device(
-        index, _launcher.launch_backward, m, n, dy.data_ptr(), gs, x.data_ptr(), xs, _NP[x.dtype],
-        _ptr(weight), wnp, mean_ptr, rstd_ptr, dx.data_ptr(),
-        _ptr(dw) if weight is not None else 0, db.data_ptr(), wnp, _workspace(index),
-        _stream(index),
-    )  # fmt: skip
+    _on_device(index, _launcher.launch_backward, p, ptrs, _workspace(index), _stream(index))
 
 
 _workspaces: dict = {}  # device index -> launch_backward's workspace from torch's allocator

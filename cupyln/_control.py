@@ -1,0 +1,118 @@
+"""What changes how later calls plan and compile: ``precompile`` (every kernel of a problem,
+before a CUDA-graph capture), ``emulate`` (another GPU's plans), ``set_plan_constant`` (A/B
+runs of a tuned constant) and ``forget_plans``.
+
+One vocabulary of dtype keywords across the CuPy API, ``precompile`` and both bridges: a
+keyword names the dtype of the call's argument of the same name — ``w_dtype``/``b_dtype``
+(torch: ``weight_dtype``/``bias_dtype``) the weight's and bias's, ``db_dtype`` db's,
+``residual_dtype`` h's (the residual stream as stored), and ``precompile``'s ``residual`` the
+residual's own dtype.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy
+
+from . import _checks, _launcher, _runtime
+from ._dtypes import acc_dtype
+from ._problem import Problem
+
+
+def forget_plans() -> None:
+    """Drop every cached plan, kernel and call (after a plan constant changes: the tests and
+    tuning scripts)."""
+    _launcher.forget_plans()
+
+
+def set_plan_constant(name: str, value):
+    """Set the tuned constant ``name`` of the plans (cupyln/_plans) to ``value`` and drop every
+    cached plan and call, so the next calls plan with it; returns the value it had. For A/B
+    runs (scripts/tune.py)."""
+    from ._plans import backward, common, forward, jagged
+
+    # every module that binds the name: a constant of common is imported by value elsewhere
+    modules = [m for m in (common, forward, backward, jagged) if hasattr(m, name)]
+    if not name.isupper() or not modules:
+        raise KeyError(f"no plan constant {name} in cupyln/_plans")
+    old = getattr(modules[0], name)
+    for module in modules:
+        setattr(module, name, value)
+    forget_plans()
+    return old
+
+
+def emulate(profile: str | None) -> None:
+    """Plan as on the GPU of ``_plans.devices.PROFILES[profile]`` (None: as on the device in
+    use), for the tests and the benchmark; drops every cached plan, kernel and call."""
+    _launcher.emulate(profile)
+
+
+def precompile(
+    n: int,
+    dtype,
+    *,
+    w_dtype=None,
+    b_dtype=None,
+    db_dtype=None,
+    affine: tuple = (True, True),
+    rms: bool = False,
+    residual=None,
+    residual_dtype=None,
+    weight_offset: bool = False,
+    backward: bool = True,
+    device: int | None = None,
+    bias_dtype=None,
+    h_dtype=None,
+) -> int:
+    """Compile ahead every kernel that rows of ``n`` elements of ``dtype`` can take, at any
+    number of rows, so that later calls compile nothing: warm up with it before capturing a
+    CUDA graph (a capture cannot load a module), whatever M the capture uses.
+
+    Covers contiguous rows at 16-byte aligned addresses (what the allocators return); other
+    layouts may need other kernels. The keywords are the dtypes of a call's arguments:
+    ``w_dtype`` (w's, default ``dtype``), ``b_dtype`` (b's, default w's), ``db_dtype`` (the
+    backward's db, default w's), ``affine`` (w given, b given), ``rms`` (RMSNorm),
+    ``residual`` (a residual add in front: the residual's dtype) and ``residual_dtype`` (h's,
+    as the forward's keyword; default the residual's, and alone it stands for both),
+    ``weight_offset`` (whether the calls pass one: the kernels then read a float32 scale),
+    ``backward`` (the backward's kernels too), ``device`` (default CuPy's current device).
+    ``bias_dtype`` and ``h_dtype`` are deprecated names (of ``db_dtype``; of h's dtype beside
+    ``residual_dtype`` as the residual's). Returns the number of kernels, compiled or already
+    there."""
+    if bias_dtype is not None:
+        db_dtype = _checks.renamed("bias_dtype", bias_dtype, "db_dtype", db_dtype)
+    if h_dtype is not None:  # the old vocabulary: residual_dtype was the residual's
+        if residual is not None:
+            raise TypeError("h_dtype is the old name of residual_dtype; pass residual and "
+                            "residual_dtype alone")  # fmt: skip
+        warnings.warn("h_dtype is deprecated: pass residual= (the residual's dtype) and "
+                      "residual_dtype= (h's)", DeprecationWarning, 2)  # fmt: skip
+        if residual_dtype is None:
+            raise ValueError("h_dtype needs a residual_dtype; got residual_dtype=None")
+        residual, residual_dtype = residual_dtype, h_dtype
+    x = _checks.dtype_arg(dtype, None, "dtype")
+    if x is None:
+        raise TypeError("dtype must be a dtype; got None")
+    if isinstance(n, bool) or not isinstance(n, (int, numpy.integer)):
+        raise TypeError(f"n must be an int; got {type(n).__name__}")
+    if not 1 <= n <= _checks.MAX_N:
+        raise ValueError(f"n must be in [1, {_checks.MAX_N}]; got {n}")
+    w = _checks.dtype_arg(w_dtype, x, "w_dtype")
+    b = _checks.dtype_arg(b_dtype, w, "b_dtype")
+    has_w, has_b = bool(affine[0]), bool(affine[1]) and not rms
+    db = _checks.dtype_arg(db_dtype, w if has_w else x, "db_dtype")
+    if weight_offset and has_w:  # the kernels read w + offset, formed in the arithmetic type
+        w = acc_dtype(x)
+    res = None
+    if residual is not None or residual_dtype is not None:
+        r = _checks.dtype_arg(residual, None, "residual")
+        h = _checks.dtype_arg(residual_dtype, None, "residual_dtype")
+        r = h if r is None else r
+        res = (r, _checks.residual((), r, h, (), x))
+    p = Problem(0, int(n), x, w if has_w else None, b if has_b else None, bool(rms), res)
+    dev = _runtime.cupy().cuda.runtime.getDevice() if device is None else int(device)
+    with _runtime.OnDevice(dev):
+        done = _launcher.precompile(dev, p, db, bool(backward))
+    return len(done)

@@ -1,0 +1,53 @@
+"""The problem record: one dense norm call as the plans and the launcher see it, built once
+by a front end (the CuPy API, the torch and JAX bridges) from its checked arguments.
+
+A ``Problem`` is a NamedTuple: frozen, and hashed as fast as the tuple key the launcher's
+caches look it up by, on every call. A new operand is a new field with a default, not a new
+argument at every call site.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy
+
+
+class Problem(NamedTuple):
+    """M rows of N of a norm, with the dtypes and row strides of its operands.
+
+    Forward: ``dtype`` is x's, ``b_dtype`` the bias's, ``residual`` the (residual's, h's)
+    dtypes of an add in front (h = x + residual is normalized). Backward: ``dtype`` is the
+    normalized input's (x, or h with a residual), ``b_dtype`` db's, ``dh`` whether a gradient
+    along the residual stream is added to dx. ``w_dtype`` is the scale's dtype as the kernels
+    read it (w + weight_offset formed in float32 where an offset is given); None: no weight,
+    likewise no bias. Row strides are in elements (N for contiguous rows; 0 for an absent
+    operand)."""
+
+    m: int
+    n: int
+    dtype: numpy.dtype
+    w_dtype: numpy.dtype | None = None
+    b_dtype: numpy.dtype | None = None
+    rms: bool = False
+    residual: tuple | None = None  # forward: (residual's dtype, h's dtype)
+    dh: bool = False  # backward: dh added to dx
+    x_stride: int = 0
+    r_stride: int = 0  # forward: the residual's
+    dy_stride: int = 0  # backward: dy's
+    dh_stride: int = 0  # backward: dh's
+
+    @property
+    def tw(self) -> numpy.dtype:
+        """The weight's dtype as a kernel template takes it (the input's without a weight)."""
+        return self.dtype if self.w_dtype is None else self.w_dtype
+
+    @property
+    def tb(self) -> numpy.dtype:
+        """The bias's (forward) or db's (backward) dtype as a kernel template takes it."""
+        return self.dtype if self.b_dtype is None else self.b_dtype
+
+    @property
+    def affine(self) -> tuple[bool, bool]:
+        """(weight given, bias given)."""
+        return self.w_dtype is not None, self.b_dtype is not None
