@@ -119,6 +119,17 @@ def residual(shape, dt, residual_dtype, x_shape, x_dtype) -> numpy.dtype:
     return h_dtype
 
 
+def max_seqlen(value) -> int | None:
+    """The jagged calls' max_seqlen: None, or an int >= 1."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, numpy.integer)):
+        raise TypeError(f"max_seqlen must be a positive int or None; got {type(value).__name__}")
+    if value < 1:
+        raise ValueError(f"max_seqlen must be a positive int or None; got {value}")
+    return int(value)
+
+
 def renamed(old: str, value, new: str, given):
     """A deprecated keyword's value under its new name, with a DeprecationWarning."""
     if given is not None:

@@ -93,8 +93,7 @@ def _setup(values, offsets, w, b, eps, max_seqlen):
     _checks.vector_array(w, "w", d, dev)
     _checks.vector_array(b, "b", d, dev)
     eps = _checks.eps(eps)
-    if max_seqlen is not None and (isinstance(max_seqlen, bool) or int(max_seqlen) < 1):
-        raise ValueError(f"max_seqlen must be a positive int or None; got {max_seqlen!r}")
+    _checks.max_seqlen(max_seqlen)
     return total, d, dev, nseq, eps
 
 
@@ -194,7 +193,9 @@ def forward_into(values, offsets, w, b, eps, max_seqlen, check, y, mean, rstd, s
     longest = max_seqlen if longest is None else longest
     seqlen = _plan_seqlen(max_seqlen, longest if shape_by_check else None)
     k = _launcher.jagged(dev, d, values.dtype, wdt, bdt, offsets.dtype, vec, seqlen)
-    if nseq == 0:
+    if nseq == 0:  # rows in no sequence (unchecked offsets): normalized to nothing, zeros
+        if total:
+            _runtime.cupy().cuda.runtime.memsetAsync(y.data.ptr, 0, y.nbytes, stream)
         return
     x_ptr, y_ptr = values.data.ptr, y.data.ptr
     m_ptr, r_ptr, w_ptr, b_ptr = mean.data.ptr, rstd.data.ptr, ptr(w), ptr(b)
@@ -295,9 +296,9 @@ def backward_into(dy, values, offsets, w, mean, rstd, max_seqlen, check, dx, dw,
     seqlen = _plan_seqlen(max_seqlen, longest if shape_by_check else None)
     k = _launcher.jagged(dev, d, values.dtype, wdt, db.dtype, offsets.dtype, vec, seqlen)
     rt = _runtime.cupy().cuda.runtime
-    if total == 0:
-        for a in (dw, db):
-            if a is not None:
+    if total == 0 or nseq == 0:  # no row in a sequence (unchecked offsets): zero gradients
+        for a in (dx, dw, db):
+            if a is not None and a.nbytes:
                 rt.memsetAsync(a.data.ptr, 0, a.nbytes, stream)
         return
     x_ptr, g_ptr, dx_ptr = ptrs

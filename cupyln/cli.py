@@ -18,6 +18,8 @@ def _gpu_count() -> tuple[int, str]:
     try:
         import cupy
 
+        if cupy.cuda.runtime.driverGetVersion() == 0:
+            return 0, "no NVIDIA driver found (libcuda.so.1 is missing: no GPU driver installed)"
         return cupy.cuda.runtime.getDeviceCount(), ""
     except ImportError as e:
         return 0, f"CuPy is not installed ({e}); pip install 'cupyln[cuda12]'"

@@ -441,8 +441,8 @@ def _family(x, residual, weight, bias, eps, rms, residual_dtype, weight_offset):
     h_dtype = None
     if residual is not None:
         residual = _check(residual, "residual")
-        rdt = None if residual_dtype is None else numpy.dtype(residual_dtype)
-        h_dtype = _checks.residual(residual.shape, _dtype(residual), rdt, x.shape, _dtype(x))
+        h_dtype = _checks.residual(residual.shape, _dtype(residual), residual_dtype, x.shape,
+                                   _dtype(x))  # fmt: skip
     elif residual_dtype is not None:
         raise ValueError("residual_dtype needs a residual; got residual=None")
     if offset:

@@ -45,14 +45,17 @@ __all__ = ["layer_norm", "LayerNorm", "replace_layer_norms", "forward", "backwar
 
 
 def precompile(normalized_shape, dtype: torch.dtype, *, weight_dtype=None, bias_dtype=None,
-               weight: bool = True, bias: bool = True, rms: bool = False,
-               residual_dtype=None, backward: bool = True, device=None) -> int:  # fmt: skip
+               weight: bool = True, bias: bool = True, rms: bool = False, residual=None,
+               residual_dtype=None, weight_offset: bool = False, backward: bool = True,
+               device=None) -> int:  # fmt: skip
     """Compile ahead every kernel that rows of ``normalized_shape`` of ``dtype`` can take at
     any number of rows (``cupyln.precompile`` with torch dtypes): warm up with it before a CUDA
     graph is captured at shapes not run before. ``weight``/``bias``: whether the calls pass
     them (``weight_dtype``/``bias_dtype``: theirs, default ``dtype``); ``rms``: RMSNorm;
-    ``residual_dtype``: the add in front (residual and h of that dtype); ``device``: a CUDA
-    device (default torch's current one). Returns the number of kernels."""
+    ``residual``: the residual's dtype of an add in front, ``residual_dtype``: h's, as
+    ``add_rms_norm``'s keyword (default the residual's; alone it stands for both);
+    ``weight_offset``: whether the calls pass one; ``device``: a CUDA device (default torch's
+    current one). Returns the number of kernels."""
     from .. import precompile as _precompile
     from ._glue import _NP
 
@@ -63,7 +66,7 @@ def precompile(normalized_shape, dtype: torch.dtype, *, weight_dtype=None, bias_
     def np_dtype(d, name):
         if d is None:
             return None
-        if d not in _NP:
+        if not isinstance(d, torch.dtype) or d not in _NP:
             raise TypeError(f"{name} must be a torch floating dtype cupyln takes; got {d}")
         return _NP[d]
 
@@ -71,8 +74,10 @@ def precompile(normalized_shape, dtype: torch.dtype, *, weight_dtype=None, bias_
     w = np_dtype(weight_dtype, "weight_dtype") or x
     return _precompile(n, x, w_dtype=w, b_dtype=np_dtype(bias_dtype, "bias_dtype") or w,
                        affine=(weight, bias and not rms), rms=rms,
+                       residual=np_dtype(residual, "residual"),
                        residual_dtype=np_dtype(residual_dtype, "residual_dtype"),
-                       backward=backward, device=index)  # fmt: skip
+                       weight_offset=weight_offset, backward=backward,
+                       device=index)  # fmt: skip
 
 
 def layer_norm(
@@ -189,6 +194,28 @@ def _shape(normalized_shape) -> tuple:
     return (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
 
 
+def _cpu_checks(input, normalized_shape, weight, bias, residual, weight_offset) -> float:
+    """The GPU path's checks on the CPU fallback's arguments, with its messages; returns the
+    weight offset."""
+    shape = _shape(normalized_shape)
+    k = len(shape)
+    if k == 0 or input.dim() < k or tuple(input.shape[-k:]) != shape:
+        raise ValueError(
+            f"Given normalized_shape={list(shape)}, expected input with shape "
+            f"[*, {', '.join(map(str, shape))}], but got input of size {list(input.shape)}"
+        )
+    if residual is not None:
+        if not isinstance(residual, torch.Tensor):
+            raise TypeError(f"residual must be a torch.Tensor; got {type(residual).__name__}")
+        if residual.shape != input.shape:
+            raise ValueError(f"residual must have the shape of input {tuple(input.shape)}; "
+                             f"got {tuple(residual.shape)}")  # fmt: skip
+    for t, name in ((weight, "weight"), (bias, "bias")):
+        if t is not None and tuple(t.shape) != shape:
+            raise ValueError(f"{name} must have shape {list(shape)}; got {list(t.shape)}")
+    return _checks.weight_offset(weight_offset, weight is not None)
+
+
 def _cpu_add(input, residual, residual_dtype):
     hdt = residual.dtype if residual_dtype is None else residual_dtype
     return (input.float() + residual.float()).to(hdt) if hdt != torch.float64 else input + residual
@@ -206,7 +233,8 @@ def rms_norm(
     1 / sqrt(mean(x^2) + eps) over the trailing ``normalized_shape``, in float32 (float64 for
     float64 input); ``eps=None`` as torch. CPU tensors go to torch's own ``rms_norm``."""
     if isinstance(input, torch.Tensor) and input.device.type == "cpu":
-        w = weight if not weight_offset else weight + weight_offset
+        offset = _cpu_checks(input, normalized_shape, weight, None, None, weight_offset)
+        w = weight if not offset else weight + offset
         return torch.nn.functional.rms_norm(input, _shape(normalized_shape), w, eps)
     eps = _rms_eps(eps, getattr(input, "dtype", None))
     return _family.norm(input, None, weight, None, eps, True, None, weight_offset,
@@ -228,8 +256,9 @@ def add_rms_norm(
     residual, one write of y and h. Gradients reach input and residual (through both y and
     h)."""
     if isinstance(input, torch.Tensor) and input.device.type == "cpu":
+        offset = _cpu_checks(input, normalized_shape, weight, None, residual, weight_offset)
         h = _cpu_add(input, residual, residual_dtype)
-        w = weight if not weight_offset else weight + weight_offset
+        w = weight if not offset else weight + offset
         y = torch.nn.functional.rms_norm(h, _shape(normalized_shape), w, eps)
         return y.to(input.dtype), h
     eps = _rms_eps(eps, getattr(input, "dtype", None))
@@ -251,8 +280,9 @@ def add_layer_norm(
     """``(y, h)``: h = input + residual as in ``add_rms_norm``, y = layer_norm(h) in input's
     dtype."""
     if isinstance(input, torch.Tensor) and input.device.type == "cpu":
+        offset = _cpu_checks(input, normalized_shape, weight, bias, residual, weight_offset)
         h = _cpu_add(input, residual, residual_dtype)
-        w = weight if not weight_offset else weight + weight_offset
+        w = weight if not offset else weight + offset
         y = torch.nn.functional.layer_norm(h, _shape(normalized_shape), w, bias, eps)
         return y.to(input.dtype), h
     return _family.norm(input, residual, weight, bias, eps, False, residual_dtype,

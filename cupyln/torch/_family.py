@@ -196,6 +196,19 @@ def _backward(ctx, dy, _dmean, _drstd, dh):
 torch.library.register_autograd("cupyln::norm_fwd", _backward, setup_context=_setup, lib=_lib)
 
 
+def _no_double_backward(ctx, *grads):
+    raise RuntimeError(
+        "cupyln's norm backward is not differentiable (no double backward); "
+        "torch.nn.functional.rms_norm and layer_norm support it"
+    )
+
+
+torch.library.register_autograd(
+    "cupyln::norm_bwd", _no_double_backward, setup_context=lambda ctx, inputs, output: None,
+    lib=_lib,
+)  # fmt: skip
+
+
 class _Eager(torch.autograd.Function):
     """The same forward and backward for eager calls, without the dispatcher's round trips."""
 
@@ -229,6 +242,13 @@ def norm(x, residual, weight, bias, eps, rms, residual_dtype, weight_offset, nor
         )
     if residual is not None:
         _check(residual, "residual", x)
+        if tuple(residual.shape) != tuple(x.shape):
+            raise ValueError(f"residual must have the shape of input {tuple(x.shape)}; "
+                             f"got {tuple(residual.shape)}")  # fmt: skip
+    if residual_dtype is not None and not isinstance(residual_dtype, torch.dtype):
+        raise TypeError(f"residual_dtype must be a torch.dtype or None; got "
+                        f"{type(residual_dtype).__name__}")  # fmt: skip
+    offset = _checks.weight_offset(weight_offset, weight is not None)
     for t, name in ((weight, "weight"), (bias, "bias")):
         if t is not None:
             _check(t, name, x)
@@ -242,7 +262,7 @@ def norm(x, residual, weight, bias, eps, rms, residual_dtype, weight_offset, nor
         residual = None if residual is None else residual.reshape(x.shape)
         weight = None if weight is None else weight.reshape(n)
         bias = None if bias is None else bias.reshape(n)
-    args = (x, residual, weight, bias, eps, rms, residual_dtype, float(weight_offset))
+    args = (x, residual, weight, bias, eps, rms, residual_dtype, offset)
     if not _eager():
         y, _, _, h = _FWD(*args)
     elif torch.is_grad_enabled() and any(

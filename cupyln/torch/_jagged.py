@@ -190,8 +190,7 @@ def jagged_layer_norm(
         raise TypeError(f"offsets must be a 1-D int32 or int64 tensor of B + 1 >= 1 values; got "
                         f"{offsets.dtype} "
                         f"of shape {tuple(offsets.shape)}")  # fmt: skip
-    if max_seqlen is not None and (isinstance(max_seqlen, bool) or int(max_seqlen) < 1):
-        raise ValueError(f"max_seqlen must be a positive int or None; got {max_seqlen!r}")
+    max_seqlen = _checks.max_seqlen(max_seqlen)
     eps = _checks.eps(eps)
     y = _jagged_fwd(values, offsets, weight, bias, eps, max_seqlen)[0]
     if nested:
