@@ -116,3 +116,22 @@ def pool_workspace(nbytes: int):
 @cache
 def driver_version() -> int:
     return cupy().cuda.runtime.driverGetVersion()
+
+
+def memset(ptr: int, nbytes: int, stream: int, value: int = 0) -> None:
+    """Set ``nbytes`` at ``ptr`` to the byte ``value`` on ``stream`` (nothing for a null
+    pointer or no bytes)."""
+    if ptr and nbytes:
+        cupy().cuda.runtime.memsetAsync(ptr, value, nbytes, stream)
+
+
+def to_host(ptr: int, dtype, count: int, stream: int):
+    """``count`` values of ``dtype`` at device address ``ptr``, once the work queued on
+    ``stream`` before them is done (a synchronization)."""
+    import numpy
+
+    out = numpy.empty(count, dtype)
+    rt = cupy().cuda.runtime
+    rt.memcpyAsync(out.ctypes.data, ptr, out.nbytes, rt.memcpyDeviceToHost, stream)
+    rt.streamSynchronize(stream)
+    return out

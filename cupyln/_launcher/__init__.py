@@ -25,11 +25,20 @@ from .dense import (
     vector_widths,
 )
 from .device import capacity, check_arch, device, emulate, emulated, function
-from .jagged import JaggedKernels, jagged, jagged_check, jagged_clamp
+from .jagged import (
+    Jagged,
+    JaggedKernels,
+    jagged,
+    jagged_check,
+    jagged_clamp,
+    launch_jagged_backward,
+    launch_jagged_forward,
+)
 
 __all__ = [
     "BWD_ARGS",
     "FWD_ARGS",
+    "Jagged",
     "JaggedKernels",
     "add_launch",
     "backward_launch",
@@ -48,6 +57,8 @@ __all__ = [
     "jagged_check",
     "jagged_clamp",
     "launch_backward",
+    "launch_jagged_backward",
+    "launch_jagged_forward",
     "launch_forward",
     "partial_reduce",
     "precompile",

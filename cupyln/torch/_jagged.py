@@ -1,48 +1,25 @@
 """The jagged LayerNorm on torch tensors: the ops ``torch.ops.cupyln.jagged_fwd`` /
-``jagged_bwd`` (fake implementations, autograd), which launch the CuPy API's kernels on
-zero-copy DLPack views, on torch's current stream, into memory from torch's allocator.
+``jagged_bwd`` (fake implementations, autograd), which launch the jagged kernels on the
+tensors' pointers through the launcher, on torch's current stream, into memory from torch's
+allocator.
 
 Outside a CUDA-graph capture the forward checks the offsets on the GPU (one synchronization);
 inside one, and in the backward, the kernels read the offsets clamped on the GPU instead (no
 synchronization). Either way the kernels are planned from ``max_seqlen`` alone, so a capture
 takes the kernels an eager call compiled."""
 
+import numpy
 import torch
 
-from .. import _checks, _runtime
-from ._glue import _acc, _check, _stream, _workspace
+from .. import _checks, _launcher
+from .._launcher.jagged import Jagged
+from ._glue import _NP, _acc, _check, _on_device, _ptr, _stream, _workspace
+
+_INDEX = {torch.int32: numpy.dtype(numpy.int32), torch.int64: numpy.dtype(numpy.int64)}
 
 
-class _OnTorchStream:
-    """torch's current stream (and the tensor's device) as CuPy's current ones in the block:
-    the jagged bridge calls the CuPy API on zero-copy DLPack views."""
-
-    def __init__(self, device: torch.device):
-        import cupy
-
-        self._device = cupy.cuda.Device(device.index)
-        self._index = device.index
-
-    def __enter__(self):
-        self._device.__enter__()
-        self._stream = _runtime.external_stream(self._index, _stream(self._index))
-        self._stream.__enter__()
-
-    def __exit__(self, *exc):
-        self._stream.__exit__(*exc)
-        self._device.__exit__(*exc)
-
-
-def _cp(t):
-    import cupy
-
-    return None if t is None else cupy.from_dlpack(t.detach())
-
-
-def _api_jagged():
-    from .. import _jagged
-
-    return _jagged
+def _np(t):
+    return None if t is None else _NP[t.dtype]
 
 
 def _aligned(t):
@@ -67,12 +44,14 @@ def _jagged_fwd(
     mean = values.new_empty(nseq, dtype=acc)
     rstd = values.new_empty(nseq, dtype=acc)
     check = not torch.cuda.is_current_stream_capturing()
-    with _OnTorchStream(values.device):
-        _api_jagged().forward_into(
-            _cp(values), _cp(offsets), _cp(_aligned(weight)), _cp(_aligned(bias)), eps,
-            max_seqlen, check, _cp(y), _cp(mean), _cp(rstd), _workspace(values.device.index),
-            shape_by_check=False,
-        )  # fmt: skip
+    weight, bias = _aligned(weight), _aligned(bias)
+    p = Jagged(values.shape[0], values.shape[1], nseq, _NP[values.dtype], _INDEX[offsets.dtype],
+               _np(weight), _np(bias), max_seqlen)  # fmt: skip
+    ptrs = (values.data_ptr(), offsets.data_ptr(), y.data_ptr(), _ptr(weight), _ptr(bias),
+            mean.data_ptr(), rstd.data_ptr())  # fmt: skip
+    index = values.device.index
+    _on_device(index, _launcher.launch_jagged_forward, p, ptrs, eps, check, _workspace(index),
+               _stream(index), False)  # fmt: skip
     return y, mean, rstd
 
 
@@ -105,13 +84,24 @@ def _jagged_bwd(
     dx = torch.empty_like(values)
     dw = values.new_empty(0 if weight is None else d, dtype=wdt)
     db = values.new_empty(d, dtype=wdt)
-    with _OnTorchStream(values.device):
-        _api_jagged().backward_into(
-            _cp(dy), _cp(values), _cp(offsets), _cp(_aligned(weight)), _cp(mean.contiguous()),
-            _cp(rstd.contiguous()), max_seqlen, False, _cp(dx),
-            None if weight is None else _cp(dw), _cp(db), _workspace(values.device.index),
-            shape_by_check=False,
-        )  # fmt: skip
+    weight = _aligned(weight)
+    mean, rstd = mean.contiguous(), rstd.contiguous()
+    p = Jagged(values.shape[0], d, offsets.shape[0] - 1, _NP[values.dtype], _INDEX[offsets.dtype],
+               _np(weight), _NP[wdt], max_seqlen)  # fmt: skip
+    ptrs = (
+        dy.data_ptr(),
+        values.data_ptr(),
+        offsets.data_ptr(),
+        _ptr(weight),
+        mean.data_ptr(),
+        rstd.data_ptr(),
+        dx.data_ptr(),
+        _ptr(dw) if weight is not None else 0,
+        db.data_ptr(),
+    )
+    index = values.device.index
+    _on_device(index, _launcher.launch_jagged_backward, p, ptrs, False, _workspace(index),
+               _stream(index), False)  # fmt: skip
     return dx, dw, db
 
 
