@@ -83,60 +83,6 @@ def _dtype(a) -> numpy.dtype:
     return numpy.dtype(a.dtype)
 
 
-@lru_cache(maxsize=1024)
-def _forward_call(m, n, x_dtype, w_dtype, b_dtype, eps):
-    """buffer_callback computing (y, mean, rstd) of M rows of N (w/b dtype None: absent)."""
-    acc = acc_dtype(x_dtype)
-    shapes = (
-        jax.ShapeDtypeStruct((m, n), x_dtype),
-        jax.ShapeDtypeStruct((m,), acc),
-        jax.ShapeDtypeStruct((m,), acc),
-    )
-    p = Problem(m, n, x_dtype, w_dtype, b_dtype, x_stride=n)
-
-    def callback(ctx, out, x, *wb):
-        y, mean, rstd = out
-        x_ptr = _ptr(x)
-        dev = _device_of(x_ptr)
-        wb = list(wb)
-        w = wb.pop(0) if w_dtype is not None else None
-        b = wb.pop(0) if b_dtype is not None else None
-        keep: list = []
-        with _runtime.OnDevice(dev), _runtime.external_stream(dev, ctx.stream):
-            w_ptr = 0 if w is None else _aligned(_ptr(w), n * w_dtype.itemsize, keep)
-            b_ptr = 0 if b is None else _aligned(_ptr(b), n * b_dtype.itemsize, keep)
-            ptrs = (x_ptr, _ptr(y), w_ptr, b_ptr, _ptr(mean), _ptr(rstd), 0, 0)
-            _launcher.launch_forward(dev, p, ptrs, eps, ctx.stream)
-
-    return buffer_callback(callback, shapes, vmap_method="sequential")
-
-
-@lru_cache(maxsize=1024)
-def _backward_call(m, n, x_dtype, w_dtype, db_dtype):
-    """buffer_callback computing (dx, dw, db) at the saved statistics (w_dtype None: no w)."""
-    shapes = (
-        jax.ShapeDtypeStruct((m, n), x_dtype),
-        jax.ShapeDtypeStruct((n,), w_dtype or x_dtype),
-        jax.ShapeDtypeStruct((n,), db_dtype),
-    )
-    wdt = w_dtype or x_dtype
-    p = Problem(m, n, x_dtype, w_dtype, db_dtype, x_stride=n, dy_stride=n)
-
-    def callback(ctx, out, dy, x, mean, rstd, *w):
-        dx, dw, db = out
-        x_ptr, dy_ptr, dx_ptr = _ptr(x), _ptr(dy), _ptr(dx)
-        dev = _device_of(x_ptr)
-        keep: list = []
-        with _runtime.OnDevice(dev), _runtime.external_stream(dev, ctx.stream):
-            w_ptr = _aligned(_ptr(w[0]), n * wdt.itemsize, keep) if w else 0
-            ptrs = (dy_ptr, x_ptr, w_ptr, _ptr(mean), _ptr(rstd), dx_ptr, _ptr(dw) if w else 0,
-                    _ptr(db), 0)  # fmt: skip
-            _launcher.launch_backward(dev, p, ptrs, _runtime.pool_workspace, ctx.stream)
-            del keep  # back to the pool, ordered on XLA's stream
-
-    return buffer_callback(callback, shapes, vmap_method="sequential")
-
-
 # ------------------------------------------------------------------ differentiable function
 # Inside jax.shard_map, values carry the mesh axes they vary over. A callback's outputs come back
 # typed as varying over none, so they are marked varying over every axis an input varies over,
@@ -179,69 +125,9 @@ def _taken(present, arrays) -> list:
     return [next(arrays) if p else None for p in present]
 
 
-def _forward_local(static, x2, *wb):
-    eps, present = static
-    w, b = _taken(present, wb)
-    m, n = x2.shape
-    w_dtype = None if w is None else _dtype(w)
-    b_dtype = None if b is None else _dtype(b)
-    call = _forward_call(m, n, _dtype(x2), w_dtype, b_dtype, eps)
-    return call(x2, *wb)
-
-
-_forward_rows = by_rows(_forward_local)
-
-
-def _forward(x2, w, b, eps):
-    wb, present = _given((w, b))
-    outs = _forward_rows((eps, present), (ROWS,) + (WHOLE,) * len(wb), (ROWS,) * 3, x2, *wb)
-    return _varying(outs, (x2, *wb))
-
-
 def _summed(given) -> str:
     """dw's or db's kind: summed over the row shards where its w or b was given, else unused."""
     return WHOLE if given is None else SUM
-
-
-def _backward_local(static, dy, x2, mean, rstd, *w):
-    db_dtype, has_w = static
-    m, n = x2.shape
-    call = _backward_call(m, n, _dtype(x2), _dtype(w[0]) if has_w else None, db_dtype)
-    return call(dy, x2, mean, rstd, *w)
-
-
-_backward_rows = by_rows(_backward_local)
-
-
-@partial(jax.custom_vjp, nondiff_argnums=(3,))
-def _layer_norm(x2, w, b, eps):
-    return _forward(x2, w, b, eps)[0]
-
-
-def _layer_norm_fwd(x2, w, b, eps):
-    y, mean, rstd = _forward(x2, w, b, eps)
-    b_kind = None if b is None else b[:0]  # b's dtype (and mesh axes), not its values
-    return y, (x2, w, mean, rstd, b_kind)
-
-
-def _layer_norm_bwd(eps, res, dy):
-    x2, w, mean, rstd, b_kind = res
-    x_dtype = _dtype(x2)
-    w_dtype = None if w is None else _dtype(w)
-    db_dtype = _dtype(b_kind) if b_kind is not None else (w_dtype or x_dtype)
-    w_ = () if w is None else (w,)
-    dx, dw, db = _backward_rows((db_dtype, w is not None), (ROWS,) * 4 + (WHOLE,) * len(w_),
-                                (ROWS, _summed(w), _summed(b_kind)), dy.astype(x_dtype), x2,
-                                mean, rstd, *w_)  # fmt: skip
-    dx, dw, db = _varying((dx, dw, db), (dy, x2, mean, rstd, *w_))
-    return (
-        _cotangent(dx, x2),
-        None if w is None else _cotangent(dw, w),
-        None if b_kind is None else _cotangent(db, b_kind),
-    )
-
-
-_layer_norm.defvjp(_layer_norm_fwd, _layer_norm_bwd)
 
 
 def _check(a, name: str, n: int | None = None):
@@ -267,35 +153,25 @@ def _check_device(a, name: str) -> None:
 
 
 def layer_norm(x: jax.Array, weight: jax.Array | None = None, bias: jax.Array | None = None,
-               eps: float = 1e-5) -> jax.Array:  # fmt: skip
+               eps: float = 1e-5, *, weight_offset: float = 0.0) -> jax.Array:  # fmt: skip
     """LayerNorm over the last dimension of ``x`` with cupyln's kernels (differentiable).
 
     Args:
         x: JAX array (..., N) on a GPU, float32, float16, bfloat16 (or float64 with x64 on).
         weight, bias: optional arrays of shape (N,), each with its own dtype from that list.
         eps: added to the biased variance; finite and >= 0.
+        weight_offset: the scale is weight + weight_offset; dw is unchanged by it.
 
     Returns:
         y of x's shape and dtype. Gradients (``jax.grad``, ``jax.vjp``) come from cupyln's
         backward: dw/db in the weight's/bias's dtype, deterministic.
     """
-    x = _check(x, "x")
-    n = _checks.width(x.shape, "x")
-    weight = _check(weight, "weight", n)
-    bias = _check(bias, "bias", n)
-    eps = _checks.eps(eps)
-    for a, name in ((x, "x"), (weight, "weight"), (bias, "bias")):
-        _check_device(a, name)
-    m = math.prod(x.shape[:-1])
-    if m == 0:
-        return jnp.zeros_like(x)
-    y = _layer_norm(x.reshape(m, n), weight, bias, eps)
-    return y.reshape(x.shape)
+    return _apply(x, None, weight, bias, eps, False, None, weight_offset)[0]
 
 
-# ------------------------------------------------------------------ the norm family
+# ------------------------------------------------------------------ the norms
 @lru_cache(maxsize=1024)
-def _family_forward_call(m, n, x_dtype, r_dtype, h_dtype, w_dtype, b_dtype, eps, rms):
+def _forward_call(m, n, x_dtype, r_dtype, h_dtype, w_dtype, b_dtype, eps, rms):
     """buffer_callback computing (y, mean, rstd, h) of RMSNorm (``rms``; mean empty) or
     LayerNorm of M rows of N, of h = x + residual where r_dtype is not None (else h empty)."""
     acc = acc_dtype(x_dtype)
@@ -329,7 +205,7 @@ def _family_forward_call(m, n, x_dtype, r_dtype, h_dtype, w_dtype, b_dtype, eps,
 
 
 @lru_cache(maxsize=1024)
-def _family_backward_call(m, n, h_dtype, w_dtype, db_dtype, rms, has_dh):
+def _backward_call(m, n, h_dtype, w_dtype, db_dtype, rms, has_dh):
     """buffer_callback computing (dx, dw, db) of the family's backward at the saved statistics,
     dh added to dx where ``has_dh`` (db empty for RMSNorm)."""
     wdt = w_dtype or h_dtype
@@ -360,48 +236,48 @@ def _family_backward_call(m, n, h_dtype, w_dtype, db_dtype, rms, has_dh):
     return buffer_callback(callback, shapes, vmap_method="sequential")
 
 
-def _family_forward_local(static, x2, *rest):
+def _forward_local(static, x2, *rest):
     eps, rms, h_dtype, present = static
     r2, w, b = _taken(present, rest)
     m, n = x2.shape
-    call = _family_forward_call(
+    call = _forward_call(
         m, n, _dtype(x2), None if r2 is None else _dtype(r2), h_dtype,
         None if w is None else _dtype(w), None if b is None else _dtype(b), eps, rms,
     )  # fmt: skip
     return call(x2, *rest)
 
 
-_family_forward_rows = by_rows(_family_forward_local)
+_forward_rows = by_rows(_forward_local)
 
 
-def _family_forward(x2, r2, w, b, eps, rms, h_dtype):
+def _forward(x2, r2, w, b, eps, rms, h_dtype):
     rest, present = _given((r2, w, b))
     kinds_in = (ROWS,) + tuple(k for k, p in zip((ROWS, WHOLE, WHOLE), present) if p)
     kinds_out = (ROWS, WHOLE if rms else ROWS, ROWS, ROWS if present[0] else WHOLE)
-    outs = _family_forward_rows((eps, rms, h_dtype, present), kinds_in, kinds_out, x2, *rest)
+    outs = _forward_rows((eps, rms, h_dtype, present), kinds_in, kinds_out, x2, *rest)
     return _varying(outs, (x2, *rest))
 
 
-def _family_backward_local(static, dy, src, mean, rstd, *rest):
+def _backward_local(static, dy, src, mean, rstd, *rest):
     db_dtype, rms, present = static
     dh, w = _taken(present, rest)
     m, n = src.shape
     w_dtype = None if w is None else _dtype(w)
-    call = _family_backward_call(m, n, _dtype(src), w_dtype, db_dtype, rms, dh is not None)
+    call = _backward_call(m, n, _dtype(src), w_dtype, db_dtype, rms, dh is not None)
     return call(dy, src, mean, rstd, *rest)
 
 
-_family_backward_rows = by_rows(_family_backward_local)
+_backward_rows = by_rows(_backward_local)
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
 def _norm(x2, r2, w, b, eps, rms, h_dtype):
-    y, _, _, h = _family_forward(x2, r2, w, b, eps, rms, h_dtype)
+    y, _, _, h = _forward(x2, r2, w, b, eps, rms, h_dtype)
     return y, h
 
 
 def _norm_fwd(x2, r2, w, b, eps, rms, h_dtype):
-    y, mean, rstd, h = _family_forward(x2, r2, w, b, eps, rms, h_dtype)
+    y, mean, rstd, h = _forward(x2, r2, w, b, eps, rms, h_dtype)
     kinds = tuple(None if a is None else a[:0] for a in (x2, r2, b))  # dtypes and mesh axes
     return (y, h), (h if r2 is not None else x2, w, mean, rstd, kinds)
 
@@ -415,7 +291,7 @@ def _norm_bwd(eps, rms, h_dtype, res, grads):
     rest, present = _given((dh.astype(s_dtype) if r_kind is not None else None, w))
     kinds_in = (ROWS, ROWS, WHOLE if rms else ROWS, ROWS) + tuple(
         k for k, p in zip((ROWS, WHOLE), present) if p)  # fmt: skip
-    dx, dw, db = _family_backward_rows((db_dtype, rms, present), kinds_in,
+    dx, dw, db = _backward_rows((db_dtype, rms, present), kinds_in,
                                        (ROWS, _summed(w), _summed(b_kind)),
                                        dy.astype(s_dtype), src, mean, rstd, *rest)  # fmt: skip
     dx, dw, db = _varying((dx, dw, db), (dy, src, mean, rstd, *rest))
@@ -430,7 +306,7 @@ def _norm_bwd(eps, rms, h_dtype, res, grads):
 _norm.defvjp(_norm_fwd, _norm_bwd)
 
 
-def _family(x, residual, weight, bias, eps, rms, residual_dtype, weight_offset):
+def _apply(x, residual, weight, bias, eps, rms, residual_dtype, weight_offset):
     """(y, h) of a family member over the last dimension of x (h None without a residual)."""
     x = _check(x, "x")
     n = _checks.width(x.shape, "x")
@@ -462,7 +338,7 @@ def rms_norm(x: jax.Array, weight: jax.Array | None = None, eps: float = 1e-6, *
              weight_offset: float = 0.0) -> jax.Array:  # fmt: skip
     """RMSNorm over the last dimension of ``x`` (y = x * rstd * (weight + weight_offset), rstd =
     1 / sqrt(mean(x^2) + eps) in float32), differentiable, as ``layer_norm``."""
-    return _family(x, None, weight, None, eps, True, None, weight_offset)[0]
+    return _apply(x, None, weight, None, eps, True, None, weight_offset)[0]
 
 
 def add_rms_norm(x: jax.Array, residual: jax.Array, weight: jax.Array | None = None,
@@ -470,14 +346,14 @@ def add_rms_norm(x: jax.Array, residual: jax.Array, weight: jax.Array | None = N
                  weight_offset: float = 0.0) -> tuple[jax.Array, jax.Array]:  # fmt: skip
     """``(y, h)``: h = x + residual (added in float32, stored in ``residual_dtype``, default
     residual's dtype), y = rms_norm(h) in x's dtype; differentiable in x, residual, weight."""
-    return _family(x, residual, weight, None, eps, True, residual_dtype, weight_offset)
+    return _apply(x, residual, weight, None, eps, True, residual_dtype, weight_offset)
 
 
 def add_layer_norm(x: jax.Array, residual: jax.Array, weight: jax.Array | None = None,
                    bias: jax.Array | None = None, eps: float = 1e-5, *, residual_dtype=None,
                    weight_offset: float = 0.0) -> tuple[jax.Array, jax.Array]:  # fmt: skip
     """``(y, h)`` as ``add_rms_norm``, y = layer_norm(h)."""
-    return _family(x, residual, weight, bias, eps, False, residual_dtype, weight_offset)
+    return _apply(x, residual, weight, bias, eps, False, residual_dtype, weight_offset)
 
 
 def precompile(n: int, dtype, *, device: jax.Device | None = None, **kwargs) -> int:

@@ -111,7 +111,7 @@ def test_torch_cpu_fallback_raises_the_gpu_paths_errors():
     with pytest.raises(ValueError, match=r"Given normalized_shape=\[32\]"):
         clt.add_rms_norm(x, r, (32,))
     with pytest.raises(ValueError, match="residual must have the shape of input"):
-        clt.add_layer_norm(x, r.reshape(64, 4).T.contiguous().reshape(2, 128)[:, :64], (64,))
+        clt.add_layer_norm(x, r[:2], (64,))
     with pytest.raises(TypeError, match="weight_offset must be a real number; got str"):
         clt.rms_norm(x, (64,), torch.ones(64), weight_offset="1.5")
     with pytest.raises(ValueError, match=r"weight must have shape \[64\]"):
