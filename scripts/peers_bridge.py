@@ -7,8 +7,8 @@ peers.py reaches cupyln through the core API on DLPack views it makes on every c
 ``cupy.from_dlpack`` and three ``torch.from_dlpack``), tens of microseconds of CPU that its
 shortest shapes cannot hide. This loads the script unchanged, adds the providers
 ``cupyln.torch`` (``cupyln.torch.forward`` / ``backward``: the same kernels on the same torch
-tensors, launched on torch's stream) and ``cupyln.torch.ops`` (``torch.ops.cupyln.layer_norm_fwd``
-/ ``layer_norm_bwd``, the ops torch.compile puts in its graphs: the same work behind torch's
+tensors, launched on torch's stream) and ``cupyln.torch.ops`` (``torch.ops.cupyln.norm_fwd``
+/ ``norm_bwd``, the ops torch.compile puts in its graphs: the same work behind torch's
 dispatcher) and runs the script's own ``main``, so every provider is timed and checked the same
 way in one process. Run it from the project root, as peers.py asks.
 """
@@ -40,10 +40,10 @@ def main() -> None:
         return clt.backward(dy, x, w, mean, rstd)
 
     def op_forward(x, w, b, eps):
-        return ops.layer_norm_fwd(x, w, b, eps)
+        return ops.norm_fwd(x, None, w, b, eps, False, None, 0.0)[:3]
 
     def op_backward(dy, x, w, b, mean, rstd, eps):
-        return ops.layer_norm_bwd(dy, x, w, mean, rstd)
+        return ops.norm_bwd(dy, None, x, w, mean, rstd, False, 0.0)
 
     peers.PROVIDERS["cupyln.torch"] = (forward, backward)
     peers.PROVIDERS["cupyln.torch.ops"] = (op_forward, op_backward)

@@ -120,7 +120,7 @@ def test_torch_cpu_fallback_raises_the_gpu_paths_errors():
 
 def test_torch_family_double_backward_is_refused():
     """Through the ops (meta tensors): a second backward through norm_bwd raises, as
-    layer_norm_bwd's does, instead of returning None gradients."""
+    LayerNorm's always did, instead of returning None gradients."""
     torch = pytest.importorskip("torch")
     pytest.importorskip("cupyln.torch")
     x = torch.empty(3, 40, device="meta", requires_grad=True)

@@ -43,11 +43,12 @@ def test_replace_layer_norms_keeps_parameters():
 def test_fake_shapes_and_dtypes(xdt, wdt):
     x = torch.empty(3, 5, 40, device="meta", dtype=xdt)
     w = None if wdt is None else torch.empty(40, device="meta", dtype=wdt)
-    y, mean, rstd = torch.ops.cupyln.layer_norm_fwd(x, w, w, 1e-5)
+    y, mean, rstd, h = torch.ops.cupyln.norm_fwd(x, None, w, w, 1e-5, False, None, 0.0)
+    assert h.shape == (0,)  # no residual
     acc = torch.float64 if xdt == torch.float64 else torch.float32
     assert (y.shape, y.dtype, y.is_contiguous()) == (x.shape, xdt, True)
     assert (mean.shape, mean.dtype, rstd.shape, rstd.dtype) == ((3, 5), acc, (3, 5), acc)
-    dx, dw, db = torch.ops.cupyln.layer_norm_bwd(x, x, w, mean, rstd)
+    dx, dw, db = torch.ops.cupyln.norm_bwd(x, None, x, w, mean, rstd, False, 0.0)
     assert (dx.shape, dx.dtype) == (x.shape, xdt)
     assert dw.shape == ((40,) if w is not None else (0,)) and db.shape == (40,)
     assert db.dtype == (xdt if w is None else wdt)
@@ -55,7 +56,7 @@ def test_fake_shapes_and_dtypes(xdt, wdt):
 
 def test_ops_autograd_traced_without_a_gpu():
     """The ops' autograd on meta tensors: gradients of the inputs' shapes, db in the bias's
-    dtype, a graph of the two ops, and a second backward through layer_norm_bwd refused."""
+    dtype, a graph of the two ops, and a second backward through norm_bwd refused."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
     x = torch.empty(3, 5, 40, device="meta", requires_grad=True)
@@ -64,7 +65,7 @@ def test_ops_autograd_traced_without_a_gpu():
     dy = torch.empty(3, 5, 40, device="meta")
 
     def grads(x, w, b, dy):
-        y, mean, rstd = torch.ops.cupyln.layer_norm_fwd(x, w, b, 1e-5)
+        y, mean, rstd, _ = torch.ops.cupyln.norm_fwd(x, None, w, b, 1e-5, False, None, 0.0)
         assert y.requires_grad and not mean.requires_grad and not rstd.requires_grad
         return torch.autograd.grad(y, (x, w, b), dy)
 
@@ -72,9 +73,9 @@ def test_ops_autograd_traced_without_a_gpu():
     assert (gx.shape, gx.dtype, gw.shape, gw.dtype) == (x.shape, x.dtype, (40,), torch.float32)
     assert (gb.shape, gb.dtype) == ((40,), torch.bfloat16)
     ops = [n.target for n in make_fx(grads)(x, w, b, dy).graph.nodes if n.op == "call_function"]
-    assert torch.ops.cupyln.layer_norm_fwd.default in ops
-    assert torch.ops.cupyln.layer_norm_bwd.default in ops
-    y = torch.ops.cupyln.layer_norm_fwd(x, w, b, 1e-5)[0]
+    assert torch.ops.cupyln.norm_fwd.default in ops
+    assert torch.ops.cupyln.norm_bwd.default in ops
+    y = torch.ops.cupyln.norm_fwd(x, None, w, b, 1e-5, False, None, 0.0)[0]
     (gx,) = torch.autograd.grad(y, x, dy, create_graph=True)
     with pytest.raises(RuntimeError, match="backward is not differentiable"):
         gx.sum().backward()

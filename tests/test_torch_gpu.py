@@ -267,10 +267,13 @@ def test_opcheck():
     x, w, b, dy = make((5, 64), torch.float32, torch.float32, (64,), seed=4)
     for t in (x, w, b):
         t.requires_grad_()
-    torch.library.opcheck(torch.ops.cupyln.layer_norm_fwd.default, (x, w, b, 1e-5))
-    y, mean, rstd = torch.ops.cupyln.layer_norm_fwd(x.detach(), w.detach(), b.detach(), 1e-5)
+    ln = (False, None, 0.0)  # LayerNorm: not RMSNorm, no residual dtype, no offset
+    torch.library.opcheck(torch.ops.cupyln.norm_fwd.default, (x, None, w, b, 1e-5, *ln))
+    y, mean, rstd, _ = torch.ops.cupyln.norm_fwd(x.detach(), None, w.detach(), b.detach(), 1e-5,
+                                                 *ln)  # fmt: skip
     torch.library.opcheck(
-        torch.ops.cupyln.layer_norm_bwd.default, (dy, x.detach(), w.detach(), mean, rstd)
+        torch.ops.cupyln.norm_bwd.default,
+        (dy, None, x.detach(), w.detach(), mean, rstd, False, 0.0),
     )
 
 

@@ -12,9 +12,10 @@
     y, mean, rstd = cupyln.torch.forward(x, weight, bias)     # no autograd: the statistics
     dx, dw, db = cupyln.torch.backward(dy, x, weight, mean, rstd)  # for your own backward
 
-Forward and backward are ``torch.library`` custom ops (``torch.ops.cupyln.layer_norm_fwd`` and
-``torch.ops.cupyln.layer_norm_bwd``) with fake implementations and autograd, so
-``torch.compile(fullgraph=True)`` keeps them in its graph. Kernels launch by raw pointers on
+Every norm is one ``torch.library`` op pair, ``torch.ops.cupyln.norm_fwd`` / ``norm_bwd``
+(LayerNorm or RMSNorm, a residual add in front or not, a weight offset), with fake
+implementations and autograd, so ``torch.compile(fullgraph=True)`` keeps it in its graph; eager
+calls skip the dispatcher. Kernels launch by raw pointers on
 torch's current stream of the input's device; every output comes from torch's caching
 allocator. Each new row width or dtype compiles its kernels on first use (cached on disk by
 CuPy): run a model once before capturing it in a CUDA graph, or ``precompile`` the widths and
@@ -23,10 +24,9 @@ dtypes it will see, which covers every number of rows.
 Under ``torch.autocast`` the layer behaves as ``torch.nn.functional.layer_norm`` does there: the
 input, weight and bias are taken in float32 and the output is float32. On CPU tensors
 ``layer_norm`` and ``LayerNorm`` are ``torch.nn.functional.layer_norm`` itself, so a model whose
-norms were replaced still runs on the CPU. The norm family (``rms_norm``, ``RMSNorm``,
-``add_rms_norm``, ``add_layer_norm``) is the op pair ``torch.ops.cupyln.norm_fwd`` /
-``norm_bwd``; on CPU tensors it is torch's own ``rms_norm`` / ``layer_norm`` after the add in
-float32; ``weight_offset`` (keyword) scales by ``weight + weight_offset``.
+norms were replaced still runs on the CPU; so are ``rms_norm``, ``RMSNorm``, ``add_rms_norm`` and
+``add_layer_norm`` torch's own ``rms_norm`` / ``layer_norm`` after the add in float32.
+``weight_offset`` (keyword) scales by ``weight + weight_offset``.
 """
 
 import math
@@ -34,10 +34,10 @@ import math
 import torch
 
 from .. import _checks
-from . import _family
+from ._eager import _eager_apply, _inference, eager, norm
 from ._glue import _check
 from ._jagged import jagged_layer_norm
-from ._ops import _BWD, _FWD, _bwd_impl, _eager, _eager_apply, _fwd_impl, _inference, _needs_grad
+from ._ops import _BWD, _FWD, _bwd_impl, _fwd_impl, needs_grad
 
 __all__ = ["layer_norm", "LayerNorm", "replace_layer_norms", "forward", "backward",
            "jagged_layer_norm", "rms_norm", "RMSNorm", "add_rms_norm", "add_layer_norm",
@@ -120,10 +120,10 @@ def layer_norm(
         b = None if bias is None else bias.reshape(n)
     if n > _checks.MAX_N:  # the kernels' columns are int32
         raise ValueError(f"normalized_shape must hold at most {_checks.MAX_N} elements; got {n}")
-    if _eager():
-        y = _eager_apply(x, w, b, eps) if _needs_grad(x, w, b) else _inference(x, w, b, eps)
+    if eager():
+        y = _eager_apply(x, w, b, eps) if needs_grad(x, w, b) else _inference(x, w, b, eps)
     else:
-        y = _FWD(x, w, b, eps)[0]
+        y = _FWD(x, None, w, b, eps, False, None, 0.0)[0]
     return y if k == 1 else y.reshape(input.shape)
 
 
@@ -138,12 +138,12 @@ def forward(
     statistics for its own backward (an ``autograd.Function`` of its own); ``layer_norm``
     records gradients. y is like x (contiguous); mean and rstd have shape ``x.shape[:-1]``,
     float32 (float64 for float64 x), rstd = 1 / sqrt(var + eps). Under torch.compile the call
-    is the op ``torch.ops.cupyln.layer_norm_fwd`` on detached inputs."""
-    if _eager():
-        return _fwd_impl(x, weight, bias, eps)
+    is the op ``torch.ops.cupyln.norm_fwd`` on detached inputs."""
+    if eager():
+        return _fwd_impl(x, None, weight, bias, eps, False, None, 0.0)[:3]
     weight = None if weight is None else weight.detach()
     bias = None if bias is None else bias.detach()
-    return _FWD(x.detach(), weight, bias, _checks.eps(eps))
+    return _FWD(x.detach(), None, weight, bias, _checks.eps(eps), False, None, 0.0)[:3]
 
 
 def backward(
@@ -156,11 +156,11 @@ def backward(
     """``cupyln.backward`` on torch CUDA tensors: ``(dx, dw, db)`` at the statistics that
     ``forward`` returned, without autograd. dx is like x; dw (empty without a weight) and db
     have the weight's dtype (x's without one), summed in a fixed order (deterministic). Under
-    torch.compile the call is the op ``torch.ops.cupyln.layer_norm_bwd`` on detached inputs."""
-    if _eager():
-        return _bwd_impl(dy, x, weight, mean, rstd)
+    torch.compile the call is the op ``torch.ops.cupyln.norm_bwd`` on detached inputs."""
+    if eager():
+        return _bwd_impl(dy, None, x, weight, mean, rstd, False, 0.0)
     weight = None if weight is None else weight.detach()
-    return _BWD(dy.detach(), x.detach(), weight, mean.detach(), rstd.detach())
+    return _BWD(dy.detach(), None, x.detach(), weight, mean.detach(), rstd.detach(), False, 0.0)
 
 
 class LayerNorm(torch.nn.LayerNorm):
@@ -237,7 +237,7 @@ def rms_norm(
         w = weight if not offset else weight + offset
         return torch.nn.functional.rms_norm(input, _shape(normalized_shape), w, eps)
     eps = _rms_eps(eps, getattr(input, "dtype", None))
-    return _family.norm(input, None, weight, None, eps, True, None, weight_offset,
+    return norm(input, None, weight, None, eps, True, None, weight_offset,
                         normalized_shape)[0]  # fmt: skip
 
 
@@ -262,7 +262,7 @@ def add_rms_norm(
         y = torch.nn.functional.rms_norm(h, _shape(normalized_shape), w, eps)
         return y.to(input.dtype), h
     eps = _rms_eps(eps, getattr(input, "dtype", None))
-    return _family.norm(input, residual, weight, None, eps, True, residual_dtype, weight_offset,
+    return norm(input, residual, weight, None, eps, True, residual_dtype, weight_offset,
                         normalized_shape)  # fmt: skip
 
 
@@ -285,7 +285,7 @@ def add_layer_norm(
         w = weight if not offset else weight + offset
         y = torch.nn.functional.layer_norm(h, _shape(normalized_shape), w, bias, eps)
         return y.to(input.dtype), h
-    return _family.norm(input, residual, weight, bias, eps, False, residual_dtype,
+    return norm(input, residual, weight, bias, eps, False, residual_dtype,
                         weight_offset, normalized_shape)  # fmt: skip
 
 

@@ -14,6 +14,7 @@ import torch
 from .. import _checks, _launcher
 from .._launcher.jagged import Jagged
 from ._glue import _NP, _acc, _check, _on_device, _ptr, _stream, _workspace
+from ._ops import _below_autograd, _lib, needs_grad
 
 _INDEX = {torch.int32: numpy.dtype(numpy.int32), torch.int64: numpy.dtype(numpy.int64)}
 
@@ -27,15 +28,7 @@ def _aligned(t):
     return t if t is None or not t.data_ptr() & 63 else t.clone()
 
 
-@torch.library.custom_op("cupyln::jagged_fwd", mutates_args=())
-def _jagged_fwd(
-    values: torch.Tensor,
-    offsets: torch.Tensor,
-    weight: torch.Tensor | None,
-    bias: torch.Tensor | None,
-    eps: float,
-    max_seqlen: int | None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _fwd_impl(values, offsets, weight, bias, eps: float, max_seqlen):
     """(y, mean, rstd) of the jagged LayerNorm (see cupyln.jagged_forward)."""
     values, offsets = values.contiguous(), offsets.contiguous()
     acc = _acc(values.dtype)
@@ -55,8 +48,7 @@ def _jagged_fwd(
     return y, mean, rstd
 
 
-@_jagged_fwd.register_fake
-def _(values, offsets, weight, bias, eps, max_seqlen):
+def _fwd_fake(values, offsets, weight, bias, eps, max_seqlen):
     acc = _acc(values.dtype)
     nseq = offsets.shape[0] - 1
     return (
@@ -66,16 +58,7 @@ def _(values, offsets, weight, bias, eps, max_seqlen):
     )
 
 
-@torch.library.custom_op("cupyln::jagged_bwd", mutates_args=())
-def _jagged_bwd(
-    dy: torch.Tensor,
-    values: torch.Tensor,
-    offsets: torch.Tensor,
-    weight: torch.Tensor | None,
-    mean: torch.Tensor,
-    rstd: torch.Tensor,
-    max_seqlen: int | None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _bwd_impl(dy, values, offsets, weight, mean, rstd, max_seqlen):
     """(dx, dw, db) at the forward's statistics; dw has no elements without a weight, db has
     the weight's dtype (values' without one)."""
     dy, values, offsets = dy.contiguous(), values.contiguous(), offsets.contiguous()
@@ -105,8 +88,7 @@ def _jagged_bwd(
     return dx, dw, db
 
 
-@_jagged_bwd.register_fake
-def _(dy, values, offsets, weight, mean, rstd, max_seqlen):
+def _bwd_fake(dy, values, offsets, weight, mean, rstd, max_seqlen):
     d = values.shape[1]
     wdt = values.dtype if weight is None else weight.dtype
     return (
@@ -116,26 +98,79 @@ def _(dy, values, offsets, weight, mean, rstd, max_seqlen):
     )
 
 
-def _setup_context(ctx, inputs, output):
-    values, offsets, weight, bias, _, max_seqlen = inputs
-    _, mean, rstd = output
-    ctx.save_for_backward(values, offsets, weight, mean, rstd)
-    ctx.bias_dtype = None if bias is None else bias.dtype
-    ctx.max_seqlen = max_seqlen
-    ctx.mark_non_differentiable(mean, rstd)
+# The ops, registered as the dense ones are (_ops): schema, implementations, fakes, autograd.
+_lib.define(
+    "jagged_fwd(Tensor values, Tensor offsets, Tensor? weight, Tensor? bias, float eps, "
+    "int? max_seqlen) -> (Tensor, Tensor, Tensor)",
+    tags=(torch.Tag.pt2_compliant_tag,),
+)
+_lib.define(
+    "jagged_bwd(Tensor dy, Tensor values, Tensor offsets, Tensor? weight, Tensor mean, "
+    "Tensor rstd, int? max_seqlen) -> (Tensor, Tensor, Tensor)",
+    tags=(torch.Tag.pt2_compliant_tag,),
+)
+_lib.impl("jagged_fwd", _fwd_impl, "CompositeExplicitAutograd")
+_lib.impl("jagged_bwd", _bwd_impl, "CompositeExplicitAutograd")
+torch.library.register_fake("cupyln::jagged_fwd", _fwd_fake, lib=_lib)
+torch.library.register_fake("cupyln::jagged_bwd", _bwd_fake, lib=_lib)
+_FWD = torch.ops.cupyln.jagged_fwd.default
+_BWD = torch.ops.cupyln.jagged_bwd.default
 
 
-def _backward(ctx, dy, _mean, _rstd):
-    values, offsets, weight, mean, rstd = ctx.saved_tensors
-    dx, dw, db = _jagged_bwd(dy, values, offsets, weight, mean, rstd, ctx.max_seqlen)
-    gb = None
-    if ctx.needs_input_grad[3]:
-        gb = db if db.dtype == ctx.bias_dtype else db.to(ctx.bias_dtype)
-    gx = dx if ctx.needs_input_grad[0] else None
-    return gx, None, dw if ctx.needs_input_grad[2] else None, gb, None, None
+class _FwdOp(torch.autograd.Function):
+    """jagged_fwd's autograd: mean and rstd are not differentiable, the backward is
+    jagged_bwd."""
+
+    @staticmethod
+    def forward(ctx, values, offsets, weight, bias, eps, max_seqlen):
+        with _below_autograd():
+            y, mean, rstd = _FWD(values, offsets, weight, bias, eps, max_seqlen)
+        ctx.save_for_backward(values, offsets, weight, mean, rstd)
+        ctx.bias_dtype = None if bias is None else bias.dtype
+        ctx.max_seqlen = max_seqlen
+        ctx.mark_non_differentiable(mean, rstd)
+        return y, mean, rstd
+
+    @staticmethod
+    def backward(ctx, dy, _mean, _rstd):
+        values, offsets, weight, mean, rstd = ctx.saved_tensors
+        dx, dw, db = _BWD(dy, values, offsets, weight, mean, rstd, ctx.max_seqlen)
+        need = ctx.needs_input_grad
+        gb = None
+        if need[3]:
+            gb = db if db.dtype == ctx.bias_dtype else db.to(ctx.bias_dtype)
+        return dx if need[0] else None, None, dw if need[2] else None, gb, None, None
 
 
-_jagged_fwd.register_autograd(_backward, setup_context=_setup_context)
+class _BwdOp(torch.autograd.Function):
+    """jagged_bwd is differentiable once: a second backward through it is refused."""
+
+    @staticmethod
+    def forward(ctx, *args):
+        with _below_autograd():
+            return _BWD(*args)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise RuntimeError("cupyln's jagged backward is not differentiable (no double backward)")
+
+
+def _fwd_autograd(values, offsets, weight, bias, eps, max_seqlen):
+    if needs_grad(values, weight, bias):
+        return _FwdOp.apply(values, offsets, weight, bias, eps, max_seqlen)
+    with _below_autograd():
+        return _FWD(values, offsets, weight, bias, eps, max_seqlen)
+
+
+def _bwd_autograd(dy, values, offsets, weight, *rest):
+    if needs_grad(dy, values, weight):
+        return _BwdOp.apply(dy, values, offsets, weight, *rest)
+    with _below_autograd():
+        return _BWD(dy, values, offsets, weight, *rest)
+
+
+_lib.impl("jagged_fwd", _fwd_autograd, "Autograd")
+_lib.impl("jagged_bwd", _bwd_autograd, "Autograd")
 
 
 def jagged_layer_norm(
@@ -182,7 +217,7 @@ def jagged_layer_norm(
                         f"of shape {tuple(offsets.shape)}")  # fmt: skip
     max_seqlen = _checks.max_seqlen(max_seqlen)
     eps = _checks.eps(eps)
-    y = _jagged_fwd(values, offsets, weight, bias, eps, max_seqlen)[0]
+    y = _FWD(values, offsets, weight, bias, eps, max_seqlen)[0]
     if nested:
         return torch.nested.nested_tensor_from_jagged(y, offsets)
     return y

@@ -1,254 +1,266 @@
-"""The torch ops ``torch.ops.cupyln.layer_norm_fwd`` / ``layer_norm_bwd`` (schema, fake
-implementations, autograd) and the eager path that skips the dispatcher."""
+"""The torch ops of every dense norm: ``torch.ops.cupyln.norm_fwd`` / ``norm_bwd`` (RMSNorm or
+LayerNorm, with or without a residual add in front, with a weight offset): their schema, the
+implementations that launch the kernels, the fake implementations and autograd.
+
+The ops are defined with torch.library's lower-level API rather than torch.library.custom_op:
+the same schema, fake and autograd registrations, without custom_op's generic wrappers around
+each call (an aliasing check of the outputs, an argument-flattening autograd kernel), which
+cost host time on every call. The kernels below the autograd key are the implementations
+themselves, at CompositeExplicitAutograd as custom_op registers them, so a tensor off the GPU
+reaches _check's error."""
 
 import torch
 
-from .. import _checks
+from .. import _checks, _launcher
+from .._problem import Problem
 from ._glue import (
+    _NP,
     _acc,
-    _backward_into,
     _check,
     _check_input,
     _check_vector,
-    _forward_into,
+    _on_device,
+    _ptr,
     _row_stats,
+    _rows,
+    _stream,
+    _vector,
+    _workspace,
 )
 
+_TORCH = {v: k for k, v in _NP.items()}  # NumPy dtype -> torch dtype
 
-def _fwd_impl(
-    x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(y, mean, rstd) of LayerNorm over the last dimension of x (see cupyln.forward)."""
+
+def _scale(weight, offset: float, acc):
+    """What the kernels read as w: the weight, or weight + offset (checked) in ``acc``."""
+    if weight is None or not offset:
+        return _vector(weight)
+    return weight.to(acc) + offset
+
+
+def _fwd_impl(x, residual, weight, bias, eps: float, rms: bool, residual_dtype,
+              weight_offset: float):  # fmt: skip
+    """(y, mean, rstd, h): the norm of x, or of h = x + residual; mean has no elements for
+    RMSNorm, h none without a residual."""
     _check_input(x)
     _check_vector(weight, "weight", x)
     _check_vector(bias, "bias", x)
     eps = _checks.eps(eps)
+    offset = _checks.weight_offset(weight_offset, weight is not None)
+    hdt = None
+    if residual is not None:
+        _check(residual, "residual", x)
+        rdt = None if residual_dtype is None else _NP.get(residual_dtype, residual_dtype)
+        hdt = _checks.residual(tuple(residual.shape), _NP[residual.dtype], rdt, tuple(x.shape),
+                               _NP[x.dtype])  # fmt: skip
+    elif residual_dtype is not None:
+        raise ValueError("residual_dtype needs a residual; got residual=None")
+    acc = _acc(x.dtype)
     y = torch.empty_like(x, memory_format=torch.contiguous_format)
-    acc = _acc(x.dtype)
-    mean, rstd = _row_stats(x, acc), _row_stats(x, acc)
-    if y.numel():
-        _forward_into(x, weight, bias, eps, y, mean.data_ptr(), rstd.data_ptr())
-    return y, mean, rstd
-
-
-def _fwd_fake(x, weight, bias, eps):
-    acc = _acc(x.dtype)
-    return (
-        x.new_empty(x.shape),
-        x.new_empty(x.shape[:-1], dtype=acc),
-        x.new_empty(x.shape[:-1], dtype=acc),
-    )
-
-
-def _bwd_impl(
-    dy: torch.Tensor,
-    x: torch.Tensor,
-    weight: torch.Tensor | None,
-    mean: torch.Tensor,
-    rstd: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dx, dw, db) at the saved statistics (see cupyln.backward). dw has no elements when
-    there is no weight; db has the weight's dtype (x's without a weight)."""
-    _check_input(x)
-    _check(dy, "grad_output", x)
-    _checks.like(dy.shape, dy.dtype, "grad_output", x.shape, x.dtype, "input")
-    _check_vector(weight, "weight", x)
-    for t, name in ((mean, "mean"), (rstd, "rstd")):
-        _check(t, name, x)
-        _checks.statistics(t.shape, t.dtype, name, x.shape[:-1], None, x.dtype, "input")
+    mean = x.new_empty(0, dtype=acc) if rms else _row_stats(x, acc)
+    rstd = _row_stats(x, acc)
+    h = x.new_empty(0) if hdt is None else torch.empty(x.shape, dtype=_TORCH[hdt], device=x.device)
     n = x.shape[-1]
-    wdt = x.dtype if weight is None else weight.dtype
-    dx = torch.empty_like(x, memory_format=torch.contiguous_format)
-    dw = torch.empty(0 if weight is None else n, dtype=wdt, device=x.device)
-    db = torch.empty(n, dtype=wdt, device=x.device)
-    m = dx.numel() // n
+    m = x.numel() // n if n else 0
+    if m:
+        w = _scale(weight, offset, acc)
+        b = _vector(bias)
+        x2, stride = _rows(x)
+        r2, rs = _rows(residual) if residual is not None else (None, 0)
+        p = Problem(m, n, _NP[x.dtype], None if w is None else _NP[w.dtype],
+                    None if b is None else _NP[b.dtype], rms,
+                    None if r2 is None else (_NP[r2.dtype], hdt), x_stride=stride,
+                    r_stride=rs)  # fmt: skip
+        ptrs = (x2.data_ptr(), y.data_ptr(), _ptr(w), _ptr(b), 0 if rms else mean.data_ptr(),
+                rstd.data_ptr(), _ptr(r2), _ptr(h) if hdt is not None else 0)  # fmt: skip
+        index = x.get_device()
+        _on_device(index, _launcher.launch_forward, p, ptrs, eps, _stream(index),
+                   _workspace(index))  # fmt: skip
+    return y, mean, rstd, h
+
+
+def _fwd_fake(x, residual, weight, bias, eps, rms, residual_dtype, weight_offset):
+    acc = _acc(x.dtype)
+    h = x.new_empty(0)
+    if residual is not None:
+        h = x.new_empty(x.shape, dtype=residual.dtype if residual_dtype is None else residual_dtype)
+    mean = x.new_empty(0 if rms else x.shape[:-1], dtype=acc)
+    return x.new_empty(x.shape), mean, x.new_empty(x.shape[:-1], dtype=acc), h
+
+
+def _bwd_impl(dy, dh, h, weight, mean, rstd, rms: bool, weight_offset: float):
+    """(dx, dw, db) of the norm of h (x without a residual) at the saved statistics, dh (or
+    nothing) added to dx; dx has h's dtype, dw and db the weight's (no elements without a
+    weight; db none for RMSNorm)."""
+    _check_input(h)
+    _check(dy, "grad_output", h)
+    if tuple(dy.shape) != tuple(h.shape):
+        raise ValueError(f"grad_output must have the input's shape {list(h.shape)}; "
+                         f"got {list(dy.shape)}")  # fmt: skip
+    if dh is not None:
+        _check(dh, "grad_h", h)
+        _checks.like(dh.shape, dh.dtype, "grad_h", h.shape, h.dtype, "h")
+    _check_vector(weight, "weight", h)
+    offset = _checks.weight_offset(weight_offset, weight is not None)
+    n = h.shape[-1]
+    wdt = h.dtype if weight is None else weight.dtype
+    dx = torch.empty_like(h, memory_format=torch.contiguous_format)
+    dw = torch.empty(0 if weight is None else n, dtype=wdt, device=h.device)
+    db = torch.empty(0 if rms else n, dtype=wdt, device=h.device)
+    m = dx.numel() // n if n else 0
     if m == 0:
         dw.zero_()
         db.zero_()
         return dx, dw, db
-    acc = _acc(x.dtype)
-    mean = mean.to(acc).contiguous()
+    acc = _acc(h.dtype)
+    w = _scale(weight, offset, acc)
+    dw_k = dw if w is None or w.dtype == wdt else torch.empty(n, dtype=w.dtype, device=h.device)
+    if dy.dtype != h.dtype:
+        dy = dy.to(h.dtype)
+    x2, xs = _rows(h)
+    dy2, gs = _rows(dy)
+    dh2, hs = _rows(dh) if dh is not None else (None, 0)
     rstd = rstd.to(acc).contiguous()
-    _backward_into(dy, x, weight, mean.data_ptr(), rstd.data_ptr(), dx, dw, db)
+    mean = None if rms else mean.to(acc).contiguous()
+    p = Problem(m, n, _NP[h.dtype], None if w is None else _NP[w.dtype], _NP[wdt], rms,
+                dh=dh2 is not None, x_stride=xs, dy_stride=gs, dh_stride=hs)  # fmt: skip
+    ptrs = (
+        dy2.data_ptr(),
+        x2.data_ptr(),
+        _ptr(w),
+        _ptr(mean),
+        rstd.data_ptr(),
+        dx.data_ptr(),
+        _ptr(dw_k) if w is not None else 0,
+        0 if rms else db.data_ptr(),
+        _ptr(dh2),
+    )
+    index = h.get_device()
+    _on_device(index, _launcher.launch_backward, p, ptrs, _workspace(index), _stream(index))
+    if dw_k is not dw:
+        dw.copy_(dw_k)
     return dx, dw, db
 
 
-def _bwd_fake(dy, x, weight, mean, rstd):
-    n = x.shape[-1]
-    wdt = x.dtype if weight is None else weight.dtype
+def _bwd_fake(dy, dh, h, weight, mean, rstd, rms, weight_offset):
+    n = h.shape[-1]
+    wdt = h.dtype if weight is None else weight.dtype
     return (
-        x.new_empty(x.shape),
-        x.new_empty(0 if weight is None else n, dtype=wdt),
-        x.new_empty(n, dtype=wdt),
+        h.new_empty(h.shape),
+        h.new_empty(0 if weight is None else n, dtype=wdt),
+        h.new_empty(0 if rms else n, dtype=wdt),
     )
 
 
-def _grads(ctx, dx, dw, db):
-    """The gradients autograd asked for, db in the bias's dtype."""
-    gx = dx if ctx.needs_input_grad[0] else None
-    gw = dw if ctx.needs_input_grad[1] else None
-    gb = None
-    if ctx.needs_input_grad[2]:
-        gb = db if db.dtype == ctx.bias_dtype else db.to(ctx.bias_dtype)
-    return gx, gw, gb, None
-
-
-def _needs_grad(a, b, c) -> bool:
-    """Autograd records a call on a (tensor) and b, c (tensors or None)."""
-    return torch.is_grad_enabled() and (
-        a.requires_grad or (b is not None and b.requires_grad)
-        or (c is not None and c.requires_grad)
-    )  # fmt: skip
-
-
-# The ops are defined with torch.library's lower-level API rather than torch.library.custom_op:
-# the same schema, fake and autograd registrations, without custom_op's generic wrappers
-# around each call (an aliasing check of the outputs, an argument-flattening autograd kernel),
-# which cost host time on every call. The kernels below the autograd key are the
-# implementations themselves, at CompositeExplicitAutograd as custom_op registers them, so a
-# tensor off the GPU reaches _check's error.
 _lib = torch.library.Library("cupyln", "DEF")
 _lib.define(
-    "layer_norm_fwd(Tensor x, Tensor? weight, Tensor? bias, float eps) -> (Tensor, Tensor, Tensor)",
+    "norm_fwd(Tensor x, Tensor? residual, Tensor? weight, Tensor? bias, float eps, bool rms, "
+    "ScalarType? residual_dtype, float weight_offset) -> (Tensor, Tensor, Tensor, Tensor)",
     tags=(torch.Tag.pt2_compliant_tag,),
 )
 _lib.define(
-    "layer_norm_bwd(Tensor dy, Tensor x, Tensor? weight, Tensor mean, Tensor rstd) "
-    "-> (Tensor, Tensor, Tensor)",
+    "norm_bwd(Tensor dy, Tensor? dh, Tensor h, Tensor? weight, Tensor mean, Tensor rstd, "
+    "bool rms, float weight_offset) -> (Tensor, Tensor, Tensor)",
     tags=(torch.Tag.pt2_compliant_tag,),
 )
-_lib.impl("layer_norm_fwd", _fwd_impl, "CompositeExplicitAutograd")
-_lib.impl("layer_norm_bwd", _bwd_impl, "CompositeExplicitAutograd")
-torch.library.register_fake("cupyln::layer_norm_fwd", _fwd_fake, lib=_lib)
-torch.library.register_fake("cupyln::layer_norm_bwd", _bwd_fake, lib=_lib)
-_FWD = torch.ops.cupyln.layer_norm_fwd.default
-_BWD = torch.ops.cupyln.layer_norm_bwd.default
+_lib.impl("norm_fwd", _fwd_impl, "CompositeExplicitAutograd")
+_lib.impl("norm_bwd", _bwd_impl, "CompositeExplicitAutograd")
+torch.library.register_fake("cupyln::norm_fwd", _fwd_fake, lib=_lib)
+torch.library.register_fake("cupyln::norm_bwd", _bwd_fake, lib=_lib)
+_FWD = torch.ops.cupyln.norm_fwd.default
+_BWD = torch.ops.cupyln.norm_bwd.default
 _below_autograd = torch._C._AutoDispatchBelowAutograd
 
 
+def _grads(ctx, dx, dw, db):
+    """The gradients of (x, residual, weight, bias), each in its input's dtype."""
+    need = ctx.needs_input_grad
+    gx = dx.to(ctx.dtypes[0]) if need[0] else None
+    gr = dx.to(ctx.dtypes[1]) if need[1] and ctx.dtypes[1] is not None else None
+    gw = dw if need[2] else None
+    gb = db.to(ctx.dtypes[3]) if need[3] and db.numel() else None
+    return gx, gr, gw, gb
+
+
+def _setup(ctx, inputs, output):
+    x, residual, weight, bias, _eps, rms, _rdt, offset = inputs
+    y, mean, rstd, h = output
+    ctx.save_for_backward(h if residual is not None else x, weight, mean, rstd)
+    ctx.rms, ctx.offset, ctx.has_residual = rms, offset, residual is not None
+    ctx.dtypes = (x.dtype, None if residual is None else residual.dtype, None,
+                  None if bias is None else bias.dtype)  # fmt: skip
+    ctx.mark_non_differentiable(mean, rstd)
+
+
+def setup(ctx, inputs, output) -> None:
+    """What the backward of norm_fwd keeps: the normalized input (h with a residual), the
+    weight, the statistics, and the inputs' dtypes."""
+    x, residual, weight, bias, _eps, rms, _rdt, offset = inputs
+    _y, mean, rstd, h = output
+    ctx.save_for_backward(h if residual is not None else x, weight, mean, rstd)
+    ctx.rms, ctx.offset, ctx.has_residual = rms, offset, residual is not None
+    ctx.dtypes = (x.dtype, None if residual is None else residual.dtype, None,
+                  None if bias is None else bias.dtype)  # fmt: skip
+    ctx.mark_non_differentiable(mean, rstd)
+
+
+def backward(ctx, dy, dh, bwd) -> tuple:
+    """The gradients of norm_fwd's 8 inputs through ``bwd`` (the op, or its implementation
+    where no graph is recorded)."""
+    src, weight, mean, rstd = ctx.saved_tensors
+    dh = dh if ctx.has_residual else None
+    return _grads(ctx, *bwd(dy, dh, src, weight, mean, rstd, ctx.rms, ctx.offset)) + (None,) * 4
+
+
 class _FwdOp(torch.autograd.Function):
-    """layer_norm_fwd's autograd: mean and rstd are not differentiable, the backward is
-    layer_norm_bwd."""
+    """norm_fwd's autograd: mean and rstd are not differentiable, the backward is norm_bwd."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, eps):
+    def forward(ctx, *args):
         with _below_autograd():
-            y, mean, rstd = _FWD(x, weight, bias, eps)
-        ctx.save_for_backward(x, weight, mean, rstd)
-        ctx.bias_dtype = None if bias is None else bias.dtype
-        ctx.mark_non_differentiable(mean, rstd)
-        return y, mean, rstd
+            out = _FWD(*args)
+        setup(ctx, args, out)
+        return out
 
     @staticmethod
-    def backward(ctx, dy, _dmean, _drstd):
-        x, weight, mean, rstd = ctx.saved_tensors
-        return _grads(ctx, *_BWD(dy, x, weight, mean, rstd))
+    def backward(ctx, dy, _dmean, _drstd, dh):
+        return backward(ctx, dy, dh, _BWD)
 
 
 class _BwdOp(torch.autograd.Function):
-    """layer_norm_bwd is differentiable once: a second backward through it is refused."""
+    """norm_bwd is differentiable once: a second backward through it is refused."""
 
     @staticmethod
-    def forward(ctx, dy, x, weight, mean, rstd):
+    def forward(ctx, *args):
         with _below_autograd():
-            return _BWD(dy, x, weight, mean, rstd)
+            return _BWD(*args)
 
     @staticmethod
     def backward(ctx, *grads):
         raise RuntimeError(
-            "cupyln's LayerNorm backward is not differentiable (no double backward); "
-            "torch.nn.functional.layer_norm supports it"
+            "cupyln's norm backward is not differentiable (no double backward); "
+            "torch.nn.functional.layer_norm and rms_norm support it"
         )
 
 
-def _fwd_autograd(x, weight, bias, eps):
-    if _needs_grad(x, weight, bias):
-        return _FwdOp.apply(x, weight, bias, eps)
+def needs_grad(*tensors) -> bool:
+    """Autograd records a call on these tensors (or None)."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+def _fwd_autograd(x, residual, weight, bias, *rest):
+    if needs_grad(x, residual, weight, bias):
+        return _FwdOp.apply(x, residual, weight, bias, *rest)
     with _below_autograd():
-        return _FWD(x, weight, bias, eps)
+        return _FWD(x, residual, weight, bias, *rest)
 
 
-def _bwd_autograd(dy, x, weight, mean, rstd):
-    if _needs_grad(dy, x, weight):
-        return _BwdOp.apply(dy, x, weight, mean, rstd)
+def _bwd_autograd(dy, dh, h, weight, *rest):
+    if needs_grad(dy, dh, h, weight):
+        return _BwdOp.apply(dy, dh, h, weight, *rest)
     with _below_autograd():
-        return _BWD(dy, x, weight, mean, rstd)
+        return _BWD(dy, dh, h, weight, *rest)
 
 
-_lib.impl("layer_norm_fwd", _fwd_autograd, "Autograd")
-_lib.impl("layer_norm_bwd", _bwd_autograd, "Autograd")
-
-
-class _Eager(torch.autograd.Function):
-    """The same forward and backward as the custom ops, for eager calls: an autograd.Function
-    skips the dispatcher's round trips through the op registry (host time on every call).
-    torch.compile and functorch transforms see the ops."""
-
-    @staticmethod
-    def forward(ctx, x, weight, bias, eps):
-        y, stats = _eager_forward(x, weight, bias, eps)
-        ctx.save_for_backward(x, weight, stats)
-        ctx.bias_dtype = None if bias is None else bias.dtype
-        return y
-
-    @staticmethod
-    def backward(ctx, dy):
-        x, weight, stats = ctx.saved_tensors
-        if torch.is_grad_enabled():  # create_graph=True: through the op, whose own backward
-            m = stats.numel() // 2  # is refused (the kernels' results carry no graph)
-            mean, rstd = stats[:m].view(x.shape[:-1]), stats[m:].view(x.shape[:-1])
-            return _grads(ctx, *_BWD(dy, x, weight, mean, rstd))
-        n = x.shape[-1]
-        wdt = x.dtype if weight is None else weight.dtype
-        dx = torch.empty_like(x, memory_format=torch.contiguous_format)
-        dw = torch.empty(n, dtype=wdt, device=x.device) if weight is not None else None
-        db = torch.empty(n, dtype=wdt, device=x.device)
-        if dx.numel():
-            m = stats.numel() // 2
-            ptr = stats.data_ptr()
-            _backward_into(dy, x, weight, ptr, ptr + m * stats.element_size(), dx, dw, db)
-        else:
-            db.zero_()
-            if dw is not None:
-                dw.zero_()
-        return _grads(ctx, dx, dw, db)
-
-
-# Function.apply less its Python prologue (argument binding, a generator over the arguments):
-# the C++ apply of torch's autograd, called after the same unwrapping of dead functorch wrappers
-_apply = super(torch.autograd.Function, _Eager).apply
-_unwrap = torch._C._functorch.unwrap_if_dead
-
-
-def _eager_apply(x, weight, bias, eps):
-    return _apply(
-        _unwrap(x),
-        None if weight is None else _unwrap(weight),
-        None if bias is None else _unwrap(bias),
-        eps,
-    )
-
-
-def _eager_forward(x, weight, bias, eps):
-    """(y, statistics): y like x (contiguous), mean and rstd one after the other in one tensor
-    (two allocations per call instead of three)."""
-    y = torch.empty_like(x, memory_format=torch.contiguous_format)
-    n = x.shape[-1]
-    m = x.numel() // n if n else 0
-    stats = torch.empty(2 * m, dtype=_acc(x.dtype), device=x.device)
-    if m:
-        ptr = stats.data_ptr()
-        _forward_into(x, weight, bias, eps, y, ptr, ptr + m * stats.element_size())
-    return y, stats
-
-
-def _inference(x, weight, bias, eps):
-    """y alone: without autograd the statistics are not stored (one allocation per call)."""
-    y = torch.empty_like(x, memory_format=torch.contiguous_format)
-    if y.numel():
-        _forward_into(x, weight, bias, eps, y, 0, 0)
-    return y
-
-
-def _eager() -> bool:
-    return not (torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active())
+_lib.impl("norm_fwd", _fwd_autograd, "Autograd")
+_lib.impl("norm_bwd", _bwd_autograd, "Autograd")
