@@ -13,11 +13,8 @@ from __future__ import annotations
 
 import warnings
 
-import numpy
-
 from . import _checks, _launcher, _runtime
-from ._dtypes import acc_dtype
-from ._problem import Problem
+from ._problem import for_precompile
 
 
 def forget_plans() -> None:
@@ -30,17 +27,7 @@ def set_plan_constant(name: str, value):
     """Set the tuned constant ``name`` of the plans (cupyln/_plans) to ``value`` and drop every
     cached plan and call, so the next calls plan with it; returns the value it had. For A/B
     runs (scripts/tune.py)."""
-    from ._plans import backward, common, forward, jagged
-
-    # every module that binds the name: a constant of common is imported by value elsewhere
-    modules = [m for m in (common, forward, backward, jagged) if hasattr(m, name)]
-    if not name.isupper() or not modules:
-        raise KeyError(f"no plan constant {name} in cupyln/_plans")
-    old = getattr(modules[0], name)
-    for module in modules:
-        setattr(module, name, value)
-    forget_plans()
-    return old
+    return _launcher.set_plan_constant(name, value)
 
 
 def emulate(profile: str | None) -> None:
@@ -92,26 +79,9 @@ def precompile(
         if residual_dtype is None:
             raise ValueError("h_dtype needs a residual_dtype; got residual_dtype=None")
         residual, residual_dtype = residual_dtype, h_dtype
-    x = _checks.dtype_arg(dtype, None, "dtype")
-    if x is None:
-        raise TypeError("dtype must be a dtype; got None")
-    if isinstance(n, bool) or not isinstance(n, (int, numpy.integer)):
-        raise TypeError(f"n must be an int; got {type(n).__name__}")
-    if not 1 <= n <= _checks.MAX_N:
-        raise ValueError(f"n must be in [1, {_checks.MAX_N}]; got {n}")
-    w = _checks.dtype_arg(w_dtype, x, "w_dtype")
-    b = _checks.dtype_arg(b_dtype, w, "b_dtype")
-    has_w, has_b = bool(affine[0]), bool(affine[1]) and not rms
-    db = _checks.dtype_arg(db_dtype, w if has_w else x, "db_dtype")
-    if weight_offset and has_w:  # the kernels read w + offset, formed in the arithmetic type
-        w = acc_dtype(x)
-    res = None
-    if residual is not None or residual_dtype is not None:
-        r = _checks.dtype_arg(residual, None, "residual")
-        h = _checks.dtype_arg(residual_dtype, None, "residual_dtype")
-        r = h if r is None else r
-        res = (r, _checks.residual((), r, h, (), x))
-    p = Problem(0, int(n), x, w if has_w else None, b if has_b else None, bool(rms), res)
+    p, db = for_precompile(n, dtype, w_dtype=w_dtype, b_dtype=b_dtype, db_dtype=db_dtype,
+                           affine=affine, rms=rms, residual=residual,
+                           residual_dtype=residual_dtype, weight_offset=weight_offset)  # fmt: skip
     dev = _runtime.cupy().cuda.runtime.getDevice() if device is None else int(device)
     with _runtime.OnDevice(dev):
         done = _launcher.precompile(dev, p, db, bool(backward))

@@ -12,6 +12,9 @@ from typing import NamedTuple
 
 import numpy
 
+from . import _checks
+from ._dtypes import acc_dtype
+
 
 class Problem(NamedTuple):
     """M rows of N of a norm, with the dtypes and row strides of its operands.
@@ -51,3 +54,31 @@ class Problem(NamedTuple):
     def affine(self) -> tuple[bool, bool]:
         """(weight given, bias given)."""
         return self.w_dtype is not None, self.b_dtype is not None
+
+
+def for_precompile(n, dtype, *, w_dtype=None, b_dtype=None, db_dtype=None,
+                   affine=(True, True), rms=False, residual=None, residual_dtype=None,
+                   weight_offset=False) -> tuple[Problem, numpy.dtype]:  # fmt: skip
+    """(the problem, db's dtype) that rows of ``n`` of ``dtype`` pose at any number of rows,
+    from ``cupyln.precompile``'s keywords (checked): the dtypes of a call's arguments."""
+    x = _checks.dtype_arg(dtype, None, "dtype")
+    if x is None:
+        raise TypeError("dtype must be a dtype; got None")
+    if isinstance(n, bool) or not isinstance(n, (int, numpy.integer)):
+        raise TypeError(f"n must be an int; got {type(n).__name__}")
+    if not 1 <= n <= _checks.MAX_N:
+        raise ValueError(f"n must be in [1, {_checks.MAX_N}]; got {n}")
+    w = _checks.dtype_arg(w_dtype, x, "w_dtype")
+    b = _checks.dtype_arg(b_dtype, w, "b_dtype")
+    has_w, has_b = bool(affine[0]), bool(affine[1]) and not rms
+    db = _checks.dtype_arg(db_dtype, w if has_w else x, "db_dtype")
+    if weight_offset and has_w:  # the kernels read w + offset, formed in the arithmetic type
+        w = acc_dtype(x)
+    res = None
+    if residual is not None or residual_dtype is not None:
+        r = _checks.dtype_arg(residual, None, "residual")
+        h = _checks.dtype_arg(residual_dtype, None, "residual_dtype")
+        r = h if r is None else r
+        res = (r, _checks.residual((), r, h, (), x))
+    p = Problem(0, int(n), x, w if has_w else None, b if has_b else None, bool(rms), res)
+    return p, db

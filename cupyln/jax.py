@@ -362,9 +362,13 @@ def precompile(n: int, dtype, *, device: jax.Device | None = None, **kwargs) -> 
     ``cupyln.precompile`` with its keywords (``w_dtype``, ``b_dtype``, ``rms``,
     ``residual_dtype``...). A jitted program whose XLA build captures CUDA graphs (command
     buffers) then compiles nothing inside one. Returns the number of kernels."""
-    from . import precompile as _precompile
+    from ._problem import for_precompile
 
     device = jax.devices("gpu")[0] if device is None else device
     if device.platform != "gpu":
         raise ValueError(f"device must be a JAX GPU device; got {device}")
-    return _precompile(n, numpy.dtype(dtype), device=device.local_hardware_id, **kwargs)
+    backward = kwargs.pop("backward", True)
+    p, db = for_precompile(n, numpy.dtype(dtype), **kwargs)
+    index = device.local_hardware_id
+    with _runtime.OnDevice(index):
+        return len(_launcher.precompile(index, p, db, bool(backward)))

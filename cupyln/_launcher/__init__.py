@@ -10,6 +10,7 @@ and driver layers, for the dense kernels and the jagged ones alike. By job:
 
 from .ahead import precompile
 from .cache import forget as forget_plans
+from .cache import set_plan_constant
 from .dense import (
     BWD_ARGS,
     FWD_ARGS,
@@ -62,5 +63,6 @@ __all__ = [
     "launch_forward",
     "partial_reduce",
     "precompile",
+    "set_plan_constant",
     "vector_widths",
 ]

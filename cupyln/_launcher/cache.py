@@ -31,3 +31,19 @@ def forget() -> None:
     """Drop every registered cache."""
     for clear in _clears:
         clear()
+
+
+def set_plan_constant(name: str, value):
+    """Set the tuned constant ``name`` of the plans to ``value`` in every plan module that
+    binds it (a constant of common is imported by value elsewhere) and drop every cache;
+    returns the value it had."""
+    from .._plans import backward, common, forward, jagged
+
+    modules = [m for m in (common, forward, backward, jagged) if hasattr(m, name)]
+    if not name.isupper() or not modules:
+        raise KeyError(f"no plan constant {name} in cupyln/_plans")
+    old = getattr(modules[0], name)
+    for module in modules:
+        setattr(module, name, value)
+    forget()
+    return old

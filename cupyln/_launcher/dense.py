@@ -231,9 +231,11 @@ def launch_backward(device_id: int, p: Problem, ptrs: tuple, workspace, stream=N
     del owner  # back to its allocator, reusable by later work on this stream only
 
 
-def describe_kernels(device_id: int, p: Problem, vec: int) -> dict:
-    """Which kernels the forward and the backward of problem ``p`` run, with launch shape,
-    registers per thread and resident blocks (for benchmarks)."""
+def describe_kernels(device_id: int, p: Problem, align: int) -> dict:
+    """Which kernels the forward and the backward of problem ``p`` run for pointers whose OR
+    has low bits ``align``, with launch shape, registers per thread and resident blocks (for
+    benchmarks)."""
+    vec = vector_widths(p.dtype.itemsize, p.n, (p.x_stride,), align)
     out = {}
     f = forward_launch(device_id, p, vec)
     b = backward_launch(device_id, p._replace(b_dtype=p.tw), vec)

@@ -56,7 +56,8 @@ def precompile(normalized_shape, dtype: torch.dtype, *, weight_dtype=None, bias_
     ``add_rms_norm``'s keyword (default the residual's; alone it stands for both);
     ``weight_offset``: whether the calls pass one; ``device``: a CUDA device (default torch's
     current one). Returns the number of kernels."""
-    from .. import precompile as _precompile
+    from .. import _launcher, _runtime
+    from .._problem import for_precompile
     from ._glue import _NP
 
     n = math.prod(_shape(normalized_shape))
@@ -72,12 +73,13 @@ def precompile(normalized_shape, dtype: torch.dtype, *, weight_dtype=None, bias_
 
     x = np_dtype(dtype, "dtype")
     w = np_dtype(weight_dtype, "weight_dtype") or x
-    return _precompile(n, x, w_dtype=w, b_dtype=np_dtype(bias_dtype, "bias_dtype") or w,
-                       affine=(weight, bias and not rms), rms=rms,
-                       residual=np_dtype(residual, "residual"),
-                       residual_dtype=np_dtype(residual_dtype, "residual_dtype"),
-                       weight_offset=weight_offset, backward=backward,
-                       device=index)  # fmt: skip
+    p, db = for_precompile(n, x, w_dtype=w, b_dtype=np_dtype(bias_dtype, "bias_dtype") or w,
+                           affine=(weight, bias and not rms), rms=rms,
+                           residual=np_dtype(residual, "residual"),
+                           residual_dtype=np_dtype(residual_dtype, "residual_dtype"),
+                           weight_offset=weight_offset)  # fmt: skip
+    with _runtime.OnDevice(index):
+        return len(_launcher.precompile(index, p, db, backward))
 
 
 def layer_norm(
