@@ -167,7 +167,17 @@ def forward(
         got = _forward_cached(False, x, w, b, eps)
         if got is not None:
             return got
-    return _forward_checked(x, w, b, eps, False, residual, residual_dtype, weight_offset, out)
+    return _forward_checked(
+        x,
+        w,
+        b,
+        eps,
+        rms=False,
+        residual=residual,
+        residual_dtype=residual_dtype,
+        weight_offset=weight_offset,
+        out=out,
+    )
 
 
 def rms_forward(
@@ -193,7 +203,17 @@ def rms_forward(
         got = _forward_cached(True, x, w, None, eps)
         if got is not None:
             return got
-    return _forward_checked(x, w, None, eps, True, residual, residual_dtype, weight_offset, out)
+    return _forward_checked(
+        x,
+        w,
+        None,
+        eps,
+        rms=True,
+        residual=residual,
+        residual_dtype=residual_dtype,
+        weight_offset=weight_offset,
+        out=out,
+    )
 
 
 def _forward_cached(rms: bool, x, w, b, eps):
@@ -228,7 +248,7 @@ def _forward_cached(rms: bool, x, w, b, eps):
     return y, nd(call.lead, stat_dtype, mem + stats[0]), nd(call.lead, stat_dtype, mem + stats[1])
 
 
-def _forward_checked(x, w, b, eps, rms, residual, residual_dtype, weight_offset, out):
+def _forward_checked(x, w, b, eps, *, rms, residual, residual_dtype, weight_offset, out):
     """Every dense forward after its checks: the outputs (y, mean, rstd) or (y, rstd), h
     appended with a residual."""
     n = _checks.input_array(x)
@@ -344,7 +364,18 @@ def backward(
         got = _backward_cached(False, dy, x, w, mean, rstd)
         if got is not None:
             return got
-    return _backward_checked(dy, x, w, mean, rstd, False, dh, weight_offset, db_dtype, out)
+    return _backward_checked(
+        dy,
+        x,
+        w,
+        mean,
+        rstd,
+        rms=False,
+        dh=dh,
+        weight_offset=weight_offset,
+        db_dtype=db_dtype,
+        out=out,
+    )
 
 
 def rms_backward(
@@ -365,7 +396,9 @@ def rms_backward(
         got = _backward_cached(True, dy, x, w, None, rstd)
         if got is not None:
             return got
-    return _backward_checked(dy, x, w, None, rstd, True, dh, weight_offset, None, out)
+    return _backward_checked(
+        dy, x, w, None, rstd, rms=True, dh=dh, weight_offset=weight_offset, db_dtype=None, out=out
+    )
 
 
 def _backward_cached(rms: bool, dy, x, w, mean, rstd):
@@ -402,7 +435,7 @@ def _backward_launch_call(call, dy, x, w, mean, rstd):
     return dx, dw, nd(n, db_dtype, mem + o_db)
 
 
-def _backward_checked(dy, x, w, mean, rstd, rms, dh, weight_offset, db_dtype, out):
+def _backward_checked(dy, x, w, mean, rstd, *, rms, dh, weight_offset, db_dtype, out):
     """Every dense backward after its checks: (dx, dw, db), or (dx, dw) for RMSNorm."""
     n = _checks.input_array(x)
     dev = x.data.device_id

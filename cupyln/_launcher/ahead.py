@@ -41,9 +41,11 @@ def _ahead(dev, max_cluster: int, p: Problem, db_dtype, backward: bool) -> set:
     def forward(x, res):
         widest = max([x.itemsize] + [d.itemsize for d in res or ()])
         vec = vector_width(widest, n, (n,))
-        for plan in fwd.forward_launch_plans(n, x, w_dtype, b_dtype, vec, dev.smem_block,
-                                             max_cluster, dev.dram_per_sm, p.affine, p.rms, res,
-                                             dev.threads_sm):  # fmt: skip
+        plans = fwd.forward_launch_plans(
+            n, x, w_dtype, b_dtype, vec, dev.smem_block, max_cluster, dram_per_sm=dev.dram_per_sm,
+            affine=p.affine, rms=p.rms, residual=res, threads_sm=dev.threads_sm,
+        )  # fmt: skip
+        for plan in plans:
             out.add(plan)
             if plan.unfused:  # ln_fwd_add, its cast, then the norm of h as a problem of its own
                 out.add(fwd.add_kernel(x, *res, vec))
@@ -57,8 +59,8 @@ def _ahead(dev, max_cluster: int, p: Problem, db_dtype, backward: bool) -> set:
     vec = vector_width(h.itemsize, n, (n,))
     for short in (False, True):
         for dh in {False, p.residual is not None}:
-            plan = bwd.backward_plan(n, h, w_dtype, vec, dev.smem_block, max_cluster, short,
-                                     p.rms, dh)  # fmt: skip
+            plan = bwd.backward_plan(n, h, w_dtype, vec, dev.smem_block, max_cluster,
+                                     short=short, rms=p.rms, dh=dh)  # fmt: skip
             out.add(plan)
             if plan.tier == "row":
                 out.add(bwd.dwdb_cols_kernel(h, p.rms))

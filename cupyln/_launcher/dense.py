@@ -57,9 +57,11 @@ def forward_launch(device_id: int, p: Problem, vec: int):
     dev = device(device_id)
 
     def make(max_cluster):
-        return fwd.forward_launch_plan(p.m, p.n, p.dtype, p.tw, p.tb, vec, dev.smem_block,
-                                       max_cluster, dev.sm_count, dev.dram_per_sm, p.affine,
-                                       p.rms, p.residual, dev.threads_sm)  # fmt: skip
+        return fwd.forward_launch_plan(
+            p.m, p.n, p.dtype, p.tw, p.tb, vec, smem_limit=dev.smem_block,
+            max_cluster=max_cluster, sm_count=dev.sm_count, dram_per_sm=dev.dram_per_sm,
+            affine=p.affine, rms=p.rms, residual=p.residual, threads_sm=dev.threads_sm,
+        )  # fmt: skip
 
     plan, f, cap = placed(device_id, make)
     launcher = _forward_launcher(f, plan.kernel.arg("T"))
@@ -154,7 +156,8 @@ def _backward_kernels(device_id, n, x_dtype, w_dtype, vec, short=False, rms=Fals
     smem = device(device_id).smem_block
 
     def make(max_cluster):
-        return bwd.backward_plan(n, x_dtype, w_dtype, vec, smem, max_cluster, short, rms, dh)
+        return bwd.backward_plan(n, x_dtype, w_dtype, vec, smem, max_cluster, short=short,
+                                 rms=rms, dh=dh)  # fmt: skip
 
     plan, f, cap = placed(device_id, make)
     cols = dwdb_cols(device_id, x_dtype, rms) if plan.tier == "row" else None

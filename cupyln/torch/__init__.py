@@ -239,8 +239,17 @@ def rms_norm(
         w = weight if not offset else weight + offset
         return torch.nn.functional.rms_norm(input, _shape(normalized_shape), w, eps)
     eps = _rms_eps(eps, getattr(input, "dtype", None))
-    return norm(input, None, weight, None, eps, True, None, weight_offset,
-                        normalized_shape)[0]  # fmt: skip
+    return norm(
+        input,
+        None,
+        weight,
+        None,
+        eps,
+        normalized_shape,
+        rms=True,
+        residual_dtype=None,
+        weight_offset=weight_offset,
+    )[0]
 
 
 def add_rms_norm(
@@ -264,8 +273,17 @@ def add_rms_norm(
         y = torch.nn.functional.rms_norm(h, _shape(normalized_shape), w, eps)
         return y.to(input.dtype), h
     eps = _rms_eps(eps, getattr(input, "dtype", None))
-    return norm(input, residual, weight, None, eps, True, residual_dtype, weight_offset,
-                        normalized_shape)  # fmt: skip
+    return norm(
+        input,
+        residual,
+        weight,
+        None,
+        eps,
+        normalized_shape,
+        rms=True,
+        residual_dtype=residual_dtype,
+        weight_offset=weight_offset,
+    )
 
 
 def add_layer_norm(
@@ -287,8 +305,17 @@ def add_layer_norm(
         w = weight if not offset else weight + offset
         y = torch.nn.functional.layer_norm(h, _shape(normalized_shape), w, bias, eps)
         return y.to(input.dtype), h
-    return norm(input, residual, weight, bias, eps, False, residual_dtype,
-                        weight_offset, normalized_shape)  # fmt: skip
+    return norm(
+        input,
+        residual,
+        weight,
+        bias,
+        eps,
+        normalized_shape,
+        rms=False,
+        residual_dtype=residual_dtype,
+        weight_offset=weight_offset,
+    )
 
 
 class RMSNorm(torch.nn.RMSNorm):

@@ -113,7 +113,7 @@ class _Norm(torch.autograd.Function):
         return backward(ctx, dy, dh, _BWD if torch.is_grad_enabled() else _bwd_impl)
 
 
-def norm(x, residual, weight, bias, eps, rms, residual_dtype, weight_offset, normalized_shape):
+def norm(x, residual, weight, bias, eps, normalized_shape, *, rms, residual_dtype, weight_offset):
     """(y, h) of a family member over the trailing ``normalized_shape`` of x (flattened to one
     width), by the op under torch.compile and functorch, by _Norm otherwise."""
     shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
