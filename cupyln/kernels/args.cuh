@@ -1,7 +1,7 @@
 // cupyln/kernels/args.cuh -- the dense kernels' parameters: one list per direction.
 //
 // Every forward kernel takes CUPYLN_FWD_PARAMS and every backward kernel CUPYLN_BWD_PARAMS, in
-// this order; cupyln/_launcher.py packs each list with one struct format (FWD_ARGS, BWD_ARGS
+// this order; cupyln/_launcher/dense.py packs each list with one struct format (FWD_ARGS, BWD_ARGS
 // there; ln_partial_reduce's own list is REDUCE_ARGS). The lists are kernel parameters, not a
 // struct passed by value, because only __restrict__ kernel parameters keep the read-only
 // (non-coherent) loads of x, w and b across the kernels' inline asm: a struct's members, or

@@ -35,7 +35,7 @@ import torch
 
 from .. import _checks
 from ._eager import _eager_apply, _inference, eager, norm
-from ._glue import _check
+from ._glue import _check, _shapes
 from ._jagged import jagged_layer_norm
 from ._ops import _BWD, _FWD, _bwd_impl, _fwd_impl, needs_grad
 
@@ -92,21 +92,14 @@ def layer_norm(
     """``torch.nn.functional.layer_norm`` with cupyln's kernels (CUDA tensors of float32,
     float16, bfloat16 or float64; weight and bias may have their own dtypes). CPU tensors go
     to ``torch.nn.functional.layer_norm`` itself."""
-    shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
     if isinstance(input, torch.Tensor) and input.device.type == "cpu":
-        return torch.nn.functional.layer_norm(input, shape, weight, bias, eps)
+        return torch.nn.functional.layer_norm(input, _shape(normalized_shape), weight, bias, eps)
     _check(input, "input")
-    k = len(shape)
-    if k == 0 or input.dim() < k or input.shape[-k:] != shape:
-        raise ValueError(
-            f"Given normalized_shape={list(shape)}, expected input with shape "
-            f"[*, {', '.join(map(str, shape))}], but got input of size {list(input.shape)}"
-        )
     for t, name in ((weight, "weight"), (bias, "bias")):
         if t is not None:
             _check(t, name, input)
-            if t.shape != shape:
-                raise ValueError(f"{name} must have shape {list(shape)}; got {list(t.shape)}")
+    shape = _shapes(input, normalized_shape, weight, bias)
+    k = len(shape)
     eps = _checks.eps(eps)
     if torch.is_autocast_enabled("cuda"):  # as F.layer_norm: float32 in, float32 out
         input = input.float()
@@ -120,8 +113,6 @@ def layer_norm(
         x = input.reshape(*input.shape[: input.dim() - k], n)
         w = None if weight is None else weight.reshape(n)
         b = None if bias is None else bias.reshape(n)
-    if n > _checks.MAX_N:  # the kernels' columns are int32
-        raise ValueError(f"normalized_shape must hold at most {_checks.MAX_N} elements; got {n}")
     if eager():
         y = _eager_apply(x, w, b, eps) if needs_grad(x, w, b) else _inference(x, w, b, eps)
     else:
@@ -199,22 +190,7 @@ def _shape(normalized_shape) -> tuple:
 def _cpu_checks(input, normalized_shape, weight, bias, residual, weight_offset) -> float:
     """The GPU path's checks on the CPU fallback's arguments, with its messages; returns the
     weight offset."""
-    shape = _shape(normalized_shape)
-    k = len(shape)
-    if k == 0 or input.dim() < k or tuple(input.shape[-k:]) != shape:
-        raise ValueError(
-            f"Given normalized_shape={list(shape)}, expected input with shape "
-            f"[*, {', '.join(map(str, shape))}], but got input of size {list(input.shape)}"
-        )
-    if residual is not None:
-        if not isinstance(residual, torch.Tensor):
-            raise TypeError(f"residual must be a torch.Tensor; got {type(residual).__name__}")
-        if residual.shape != input.shape:
-            raise ValueError(f"residual must have the shape of input {tuple(input.shape)}; "
-                             f"got {tuple(residual.shape)}")  # fmt: skip
-    for t, name in ((weight, "weight"), (bias, "bias")):
-        if t is not None and tuple(t.shape) != shape:
-            raise ValueError(f"{name} must have shape {list(shape)}; got {list(t.shape)}")
+    _shapes(input, normalized_shape, weight, bias, residual)
     return _checks.weight_offset(weight_offset, weight is not None)
 
 

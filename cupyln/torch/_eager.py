@@ -8,7 +8,7 @@ import math
 import torch
 
 from .. import _checks
-from ._glue import _acc, _backward_into, _check, _forward_into
+from ._glue import _acc, _backward_into, _check, _forward_into, _shapes
 from ._ops import _BWD, _FWD, _bwd_impl, _fwd_impl, backward, needs_grad, setup
 
 
@@ -116,31 +116,17 @@ class _Norm(torch.autograd.Function):
 def norm(x, residual, weight, bias, eps, normalized_shape, *, rms, residual_dtype, weight_offset):
     """(y, h) of a family member over the trailing ``normalized_shape`` of x (flattened to one
     width), by the op under torch.compile and functorch, by _Norm otherwise."""
-    shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
     _check(x, "input")
+    for t, name in ((residual, "residual"), (weight, "weight"), (bias, "bias")):
+        if t is not None:
+            _check(t, name, x)
+    shape = _shapes(x, normalized_shape, weight, bias, residual)
     k = len(shape)
-    if k == 0 or x.dim() < k or tuple(x.shape[-k:]) != shape:
-        raise ValueError(
-            f"Given normalized_shape={list(shape)}, expected input with shape "
-            f"[*, {', '.join(map(str, shape))}], but got input of size {list(x.shape)}"
-        )
-    if residual is not None:
-        _check(residual, "residual", x)
-        if tuple(residual.shape) != tuple(x.shape):
-            raise ValueError(f"residual must have the shape of input {tuple(x.shape)}; "
-                             f"got {tuple(residual.shape)}")  # fmt: skip
     if residual_dtype is not None and not isinstance(residual_dtype, torch.dtype):
         raise TypeError(f"residual_dtype must be a torch.dtype or None; got "
                         f"{type(residual_dtype).__name__}")  # fmt: skip
     offset = _checks.weight_offset(weight_offset, weight is not None)
-    for t, name in ((weight, "weight"), (bias, "bias")):
-        if t is not None:
-            _check(t, name, x)
-            if tuple(t.shape) != shape:
-                raise ValueError(f"{name} must have shape {list(shape)}; got {list(t.shape)}")
     n = math.prod(shape)
-    if n > _checks.MAX_N:
-        raise ValueError(f"normalized_shape must hold at most {_checks.MAX_N} elements; got {n}")
     if k > 1:
         x = x.reshape(*x.shape[: x.dim() - k], n)
         residual = None if residual is None else residual.reshape(x.shape)

@@ -2,6 +2,8 @@
 cupyln._checks), row layout, torch's current stream, and the launches on raw pointers with
 scratch memory from torch's caching allocator."""
 
+import math
+
 import torch
 
 from .. import _checks, _launcher, _runtime
@@ -59,6 +61,32 @@ def _check_input(x) -> None:
     """x is a CUDA tensor of a supported dtype whose rows the kernels' int32 columns index."""
     _check(x, "input")
     _checks.width(x.shape, "input")
+
+
+def _shapes(input, normalized_shape, weight=None, bias=None, residual=None) -> tuple:
+    """``normalized_shape`` as a tuple, checked as F.layer_norm checks it: the trailing
+    dimensions of ``input``, the shape of weight and bias; a residual of input's shape. For
+    tensors on any device (the CPU fallback's too)."""
+    shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    k = len(shape)
+    if k == 0 or input.dim() < k or input.shape[-k:] != shape:
+        raise ValueError(
+            f"Given normalized_shape={list(shape)}, expected input with shape "
+            f"[*, {', '.join(map(str, shape))}], but got input of size {list(input.shape)}"
+        )
+    if residual is not None:
+        if not isinstance(residual, torch.Tensor):
+            raise TypeError(f"residual must be a torch.Tensor; got {type(residual).__name__}")
+        if residual.shape != input.shape:
+            raise ValueError(f"residual must have the shape of input {tuple(input.shape)}; "
+                             f"got {tuple(residual.shape)}")  # fmt: skip
+    for t, name in ((weight, "weight"), (bias, "bias")):
+        if t is not None and t.shape != shape:
+            raise ValueError(f"{name} must have shape {list(shape)}; got {list(t.shape)}")
+    n = shape[0] if k == 1 else math.prod(shape)
+    if n > _checks.MAX_N:  # the kernels' columns are int32
+        raise ValueError(f"normalized_shape must hold at most {_checks.MAX_N} elements; got {n}")
+    return shape
 
 
 def _check_vector(t, name: str, x) -> None:

@@ -14,7 +14,7 @@ import torch
 from .. import _checks, _launcher
 from .._launcher.jagged import Jagged
 from ._glue import _NP, _acc, _check, _on_device, _ptr, _stream, _workspace
-from ._ops import _below_autograd, _lib, needs_grad
+from ._ops import _below_autograd, define, needs_grad, once
 
 _INDEX = {torch.int32: numpy.dtype(numpy.int32), torch.int64: numpy.dtype(numpy.int64)}
 
@@ -98,25 +98,6 @@ def _bwd_fake(dy, values, offsets, weight, mean, rstd, max_seqlen):
     )
 
 
-# The ops, registered as the dense ones are (_ops): schema, implementations, fakes, autograd.
-_lib.define(
-    "jagged_fwd(Tensor values, Tensor offsets, Tensor? weight, Tensor? bias, float eps, "
-    "int? max_seqlen) -> (Tensor, Tensor, Tensor)",
-    tags=(torch.Tag.pt2_compliant_tag,),
-)
-_lib.define(
-    "jagged_bwd(Tensor dy, Tensor values, Tensor offsets, Tensor? weight, Tensor mean, "
-    "Tensor rstd, int? max_seqlen) -> (Tensor, Tensor, Tensor)",
-    tags=(torch.Tag.pt2_compliant_tag,),
-)
-_lib.impl("jagged_fwd", _fwd_impl, "CompositeExplicitAutograd")
-_lib.impl("jagged_bwd", _bwd_impl, "CompositeExplicitAutograd")
-torch.library.register_fake("cupyln::jagged_fwd", _fwd_fake, lib=_lib)
-torch.library.register_fake("cupyln::jagged_bwd", _bwd_fake, lib=_lib)
-_FWD = torch.ops.cupyln.jagged_fwd.default
-_BWD = torch.ops.cupyln.jagged_bwd.default
-
-
 class _FwdOp(torch.autograd.Function):
     """jagged_fwd's autograd: mean and rstd are not differentiable, the backward is
     jagged_bwd."""
@@ -142,17 +123,7 @@ class _FwdOp(torch.autograd.Function):
         return dx if need[0] else None, None, dw if need[2] else None, gb, None, None
 
 
-class _BwdOp(torch.autograd.Function):
-    """jagged_bwd is differentiable once: a second backward through it is refused."""
-
-    @staticmethod
-    def forward(ctx, *args):
-        with _below_autograd():
-            return _BWD(*args)
-
-    @staticmethod
-    def backward(ctx, *grads):
-        raise RuntimeError("cupyln's jagged backward is not differentiable (no double backward)")
+_BwdOp = once("jagged_bwd")
 
 
 def _fwd_autograd(values, offsets, weight, bias, eps, max_seqlen):
@@ -169,8 +140,16 @@ def _bwd_autograd(dy, values, offsets, weight, *rest):
         return _BWD(dy, values, offsets, weight, *rest)
 
 
-_lib.impl("jagged_fwd", _fwd_autograd, "Autograd")
-_lib.impl("jagged_bwd", _bwd_autograd, "Autograd")
+_FWD = define(
+    "jagged_fwd(Tensor values, Tensor offsets, Tensor? weight, Tensor? bias, float eps, "
+    "int? max_seqlen) -> (Tensor, Tensor, Tensor)",
+    _fwd_impl, _fwd_fake, _fwd_autograd,
+)  # fmt: skip
+_BWD = define(
+    "jagged_bwd(Tensor dy, Tensor values, Tensor offsets, Tensor? weight, Tensor mean, "
+    "Tensor rstd, int? max_seqlen) -> (Tensor, Tensor, Tensor)",
+    _bwd_impl, _bwd_fake, _bwd_autograd,
+)  # fmt: skip
 
 
 def jagged_layer_norm(

@@ -153,23 +153,45 @@ def _bwd_fake(dy, dh, h, weight, mean, rstd, rms, weight_offset):
 
 
 _lib = torch.library.Library("cupyln", "DEF")
-_lib.define(
+_below_autograd = torch._C._AutoDispatchBelowAutograd
+
+
+def define(schema: str, impl, fake, autograd):
+    """The op ``torch.ops.cupyln.NAME`` of ``schema``: ``impl`` below the autograd key,
+    ``fake`` for tracing, ``autograd`` at the Autograd key (an impl's signature, deciding
+    whether autograd records the call). Every op of the bridge is registered this way."""
+    name = schema.split("(", 1)[0]
+    _lib.define(schema, tags=(torch.Tag.pt2_compliant_tag,))
+    _lib.impl(name, impl, "CompositeExplicitAutograd")
+    torch.library.register_fake(f"cupyln::{name}", fake, lib=_lib)
+    _lib.impl(name, autograd, "Autograd")
+    return getattr(torch.ops.cupyln, name).default
+
+
+def _fwd_autograd(x, residual, weight, bias, *rest):
+    if needs_grad(x, residual, weight, bias):
+        return _FwdOp.apply(x, residual, weight, bias, *rest)
+    with _below_autograd():
+        return _FWD(x, residual, weight, bias, *rest)
+
+
+def _bwd_autograd(dy, dh, h, weight, *rest):
+    if needs_grad(dy, dh, h, weight):
+        return _BwdOp.apply(dy, dh, h, weight, *rest)
+    with _below_autograd():
+        return _BWD(dy, dh, h, weight, *rest)
+
+
+_FWD = define(
     "norm_fwd(Tensor x, Tensor? residual, Tensor? weight, Tensor? bias, float eps, bool rms, "
     "ScalarType? residual_dtype, float weight_offset) -> (Tensor, Tensor, Tensor, Tensor)",
-    tags=(torch.Tag.pt2_compliant_tag,),
-)
-_lib.define(
+    _fwd_impl, _fwd_fake, _fwd_autograd,
+)  # fmt: skip
+_BWD = define(
     "norm_bwd(Tensor dy, Tensor? dh, Tensor h, Tensor? weight, Tensor mean, Tensor rstd, "
     "bool rms, float weight_offset) -> (Tensor, Tensor, Tensor)",
-    tags=(torch.Tag.pt2_compliant_tag,),
-)
-_lib.impl("norm_fwd", _fwd_impl, "CompositeExplicitAutograd")
-_lib.impl("norm_bwd", _bwd_impl, "CompositeExplicitAutograd")
-torch.library.register_fake("cupyln::norm_fwd", _fwd_fake, lib=_lib)
-torch.library.register_fake("cupyln::norm_bwd", _bwd_fake, lib=_lib)
-_FWD = torch.ops.cupyln.norm_fwd.default
-_BWD = torch.ops.cupyln.norm_bwd.default
-_below_autograd = torch._C._AutoDispatchBelowAutograd
+    _bwd_impl, _bwd_fake, _bwd_autograd,
+)  # fmt: skip
 
 
 def _grads(ctx, dx, dw, db):
@@ -180,16 +202,6 @@ def _grads(ctx, dx, dw, db):
     gw = dw if need[2] else None
     gb = db.to(ctx.dtypes[3]) if need[3] and db.numel() else None
     return gx, gr, gw, gb
-
-
-def _setup(ctx, inputs, output):
-    x, residual, weight, bias, _eps, rms, _rdt, offset = inputs
-    y, mean, rstd, h = output
-    ctx.save_for_backward(h if residual is not None else x, weight, mean, rstd)
-    ctx.rms, ctx.offset, ctx.has_residual = rms, offset, residual is not None
-    ctx.dtypes = (x.dtype, None if residual is None else residual.dtype, None,
-                  None if bias is None else bias.dtype)  # fmt: skip
-    ctx.mark_non_differentiable(mean, rstd)
 
 
 def setup(ctx, inputs, output) -> None:
@@ -227,40 +239,27 @@ class _FwdOp(torch.autograd.Function):
         return backward(ctx, dy, dh, _BWD)
 
 
-class _BwdOp(torch.autograd.Function):
-    """norm_bwd is differentiable once: a second backward through it is refused."""
+def once(name: str):
+    """The autograd.Function of a backward op ``torch.ops.cupyln.NAME``, differentiable once:
+    a second backward through it is refused (the kernels' results carry no graph)."""
 
-    @staticmethod
-    def forward(ctx, *args):
-        with _below_autograd():
-            return _BWD(*args)
+    class Once(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, *args):
+            with _below_autograd():
+                return getattr(torch.ops.cupyln, name).default(*args)
 
-    @staticmethod
-    def backward(ctx, *grads):
-        raise RuntimeError(
-            "cupyln's norm backward is not differentiable (no double backward); "
-            "torch.nn.functional.layer_norm and rms_norm support it"
-        )
+        @staticmethod
+        def backward(ctx, *grads):
+            raise RuntimeError(f"cupyln's {name} backward is not differentiable (no double "
+                               "backward); torch's own functions support it")  # fmt: skip
+
+    return Once
+
+
+_BwdOp = once("norm_bwd")
 
 
 def needs_grad(*tensors) -> bool:
     """Autograd records a call on these tensors (or None)."""
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
-
-
-def _fwd_autograd(x, residual, weight, bias, *rest):
-    if needs_grad(x, residual, weight, bias):
-        return _FwdOp.apply(x, residual, weight, bias, *rest)
-    with _below_autograd():
-        return _FWD(x, residual, weight, bias, *rest)
-
-
-def _bwd_autograd(dy, dh, h, weight, *rest):
-    if needs_grad(dy, dh, h, weight):
-        return _BwdOp.apply(dy, dh, h, weight, *rest)
-    with _below_autograd():
-        return _BWD(dy, dh, h, weight, *rest)
-
-
-_lib.impl("norm_fwd", _fwd_autograd, "Autograd")
-_lib.impl("norm_bwd", _bwd_autograd, "Autograd")
