@@ -94,13 +94,14 @@ def _bwd_impl(dy, dh, h, weight, mean, rstd, rms: bool, weight_offset: float):
     weight; db none for RMSNorm)."""
     _check_input(h)
     _check(dy, "grad_output", h)
-    if tuple(dy.shape) != tuple(h.shape):
-        raise ValueError(f"grad_output must have the input's shape {list(h.shape)}; "
-                         f"got {list(dy.shape)}")  # fmt: skip
+    _checks.gradient(dy.shape, _NP[dy.dtype], "grad_output", h.shape, _NP[h.dtype], "input")
     if dh is not None:
         _check(dh, "grad_h", h)
         _checks.like(dh.shape, dh.dtype, "grad_h", h.shape, h.dtype, "h")
     _check_vector(weight, "weight", h)
+    for t, name in ((rstd, "rstd"),) if rms else ((mean, "mean"), (rstd, "rstd")):
+        _check(t, name, h)
+        _checks.statistics(t.shape, t.dtype, name, h.shape[:-1], None, h.dtype, "input")
     offset = _checks.weight_offset(weight_offset, weight is not None)
     n = h.shape[-1]
     wdt = h.dtype if weight is None else weight.dtype
