@@ -342,3 +342,23 @@ def test_expressions_render_the_dtype_table():
 def test_every_kernel_has_a_source():
     for name in C.SIGNATURES:
         assert name in _compile.source(_compile.source_of(name))[0], name
+
+
+def test_machine_code_is_read_per_kernel():
+    """scripts/sass.py's reading of a cubin: each kernel's .text section, found by its lowered
+    name, the same bytes in two builds of one source, other bytes for another instantiation."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "scripts" / "sass.py"
+    spec = importlib.util.spec_from_file_location("sass", path)
+    sass = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sass)
+    bf, f32 = ref_bf16(), np.dtype(np.float32)
+    a, b = F.add_kernel(bf, f32, f32, 4), F.add_kernel(bf, f32, f32, 8)
+    codes = []
+    for _ in range(2):
+        cubin, _, lowered = _compile.compile_cubin([a, b], 90, verbose=False)
+        code = sass.text_sections(cubin)
+        codes.append((code[lowered[a]], code[lowered[b]]))
+    assert codes[0] == codes[1] and codes[0][0] and codes[0][0] != codes[0][1]
