@@ -110,13 +110,13 @@ __device__ __forceinline__ void store_remote(const unsigned dst, const A v, cons
 //   receiving block, which waits on that mbarrier alone, acquiring at CTA or cluster scope: no
 //   cluster barrier and no release on a row's path.
 //   The forward's register clusters take kAsyncCluster (with four slots where a block holds two
-//   rows, though a receive comes between its sends: measured faster than two); the backward's
+//   rows, though a receive comes between its sends: docs/tuning.md); the backward's
 //   kAsync, with four slots (a row's sums sent before the previous row's are received); the
 //   staging clusters kBarrier. Each was the fastest of the three where it is taken: the
 //   barrier's release of every earlier store costs the register clusters, and the mbarriers
 //   cost the staging clusters (docs/tuning.md). ptxas follows each successful kAsyncCluster
 //   wait with CCTL.IVALL, which empties the SM's L1 once a row: the forward clusters then read
-//   w and b from L2, at no measurable cost (kAsync keeps them in L1 and runs slower).
+//   w and b from L2, at no cost that shows (kAsync keeps them in L1 and loses: docs/tuning.md).
 enum class Sync { kBarrier, kAsync, kAsyncCluster };
 
 // W values from each of the C blocks of a cluster to every block, once a row: send() gives
@@ -150,8 +150,8 @@ struct ClusterExchange {
   unsigned sent = 0;  // exchanges sent (SLOTS = 4)
 
   // kAsync*: the parts' mbarriers, __shared__ memory of their own. Kept in one struct with
-  // the slots (which every mode declares), they made the kBarrier kernels that stage rows in
-  // dynamic shared memory slower (not profiled), so a kernel declares nothing for them.
+  // the slots (which every mode declares), they cost the kBarrier kernels that stage rows in
+  // dynamic shared memory (docs/tuning.md), so a kernel declares nothing for them.
   __device__ __forceinline__ static unsigned long long* bars() {
     __shared__ unsigned long long bar[SLOTS];
     return bar;

@@ -302,8 +302,8 @@ __device__ __forceinline__ void store_words(void* __restrict__ p, const unsigned
 // become one store per element where the compiler loses the alignment: the backward of rows
 // split over a cluster (ln_bwd_reg_cluster) stored its 16-byte packs of dx as six 2-byte and one
 // 4-byte stores, which tripled the stores' sectors. The other kernels keep the plain
-// assignment: they compile to whole 16-byte stores as it is, and the words measured slower in
-// some (the compiler unrolls differently around them).
+// assignment: they compile to whole 16-byte stores as it is, and the words cost some of them
+// (the compiler unrolls differently around them; docs/tuning.md).
 template <typename T, typename A, int VEC, bool WHOLE = false>
 __device__ __forceinline__ void store_pack(T* __restrict__ p, const A (&in)[VEC]) {
   Pack<T, VEC> pk;

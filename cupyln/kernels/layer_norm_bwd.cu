@@ -40,7 +40,7 @@ namespace cupyln {
 // (96) instead of spilling at 64.
 // Blocks of several row groups of more than a warp (the plan's BWD_GROUP_BLOCK) whose threads
 // hold at most 12 elements of x (BWD_GROUP_VALUES) also get 1024 threads (64 registers, as the
-// lone 64-thread blocks of those rows reach unasked; 768 threads an SM measured slower). Groups
+// lone 64-thread blocks of those rows reach unasked; docs/tuning.md has the A/B). Groups
 // of wider rows (short launches) keep the 768 threads of their lone blocks.
 template <typename T, int ITEMS, int VEC, int TPR, int BLOCK, bool SHARED_SUMS, bool STAGE_W>
 struct BwdRegBlocks {
@@ -93,7 +93,7 @@ __device__ __forceinline__ void row_packs(const T* __restrict__ xr, const T* __r
 //   owning its columns' sums as it owned the registers, and are added to in pass 2 (after the
 //   row's reduction, off the path to its barrier, and before g is formed again, so that x, dy
 //   and g are not all live: ptxas spilled in the blocks of 512 threads, and the register
-//   clusters with w staged ran slower with g formed after the sums): the registers left hold
+//   clusters with w staged lost with g formed after the sums): the registers left hold
 //   x and dy, and blocks of up to 1024 threads fit.
 //   With STAGE_W (w of T's size; backward_plan says where), the block copies its columns of w
 //   into shared memory once (TPR * ITEMS packs of TW): with AHEAD each thread its own packs
@@ -240,7 +240,7 @@ __device__ __forceinline__ void bwd_reg_rows(
   // xhat, dy and g = dy * w of the pack at col, slot i of set s, widened from the packs as
   // loaded (half the registers of float copies for 16-bit T). Where the launch bounds ask for
   // several blocks per SM, the second pass widens them again and reloads w (from L1); with one
-  // block per SM it keeps g from the first (KEEP_G), which measured faster than reloading.
+  // block per SM it keeps g from the first (KEEP_G; docs/tuning.md has it against reloading).
   auto xhat = [&](const int s, const int i, const int k) {
     return (widen_at<A>(rx[s][i], k) - mu_s[s]) * r_s[s];
   };
@@ -285,7 +285,7 @@ __device__ __forceinline__ void bwd_reg_rows(
   // instead of following it. Where a block has its SM alone, in clusters of two blocks an SM,
   // and in RMSNorm rows whose blocks share an SM (the others cover only part of the wait).
   // Not in LayerNorm rows whose blocks share an SM, whose dh registers spilled, nor in clusters
-  // of three blocks an SM: there the dh registers spilled (and float16's ran slower). sm_90
+  // of three blocks an SM: there the dh registers spilled (docs/tuning.md, EARLY). sm_90
   // only: later architectures' ptxas spilled them too.
   constexpr bool EARLY = DH && sizeof(T) == 2 && !NEWER_ARCH &&
                          (C == 1 ? Blocks::value == 1 || RMS : LagBlocks<BLOCK>::value == 2);
@@ -299,7 +299,7 @@ __device__ __forceinline__ void bwd_reg_rows(
   // PF (bf16 DH rows of a block, without EARLY): the row's dh lines are prefetched into L1
   // where EARLY would load them, so pass 2 finds them there instead of waiting on HBM. Not in
   // float16 rows, where the prefetch's addresses spilled (ptxas), nor in clusters, whose
-  // cluster-scope waits invalidate L1 (a prefetch into L2 ran slower there).
+  // cluster-scope waits invalidate L1 (and a prefetch into L2 lost there: docs/tuning.md).
   constexpr bool PF = DH && Same<T, bf16_t>::value && C == 1 && !EARLY;
   // row r's dh packs in this thread's slots: loaded into rh (EARLY) or prefetched (PF)
   auto early_dh = [&](const i64 r) {

@@ -94,16 +94,15 @@ __device__ __forceinline__ void center(Pack<A, VEC> (&dst)[ITEMS], const S (&src
 //     the registers of float copies, so wide rows keep more of themselves on an SM;
 //   * centered (CENTER): x - shift in A, once, then less the mean too, so each pass costs
 //     one instruction (sum, square, scale) where the loaded form costs three or four. 16-bit
-//     rows are bound by issuing instructions more than by memory, so narrow rows kept as float
-//     copies run faster; float32 rows, which convert nothing, gain nothing. The copy is a
+//     rows are bound by issuing instructions more than by memory, so narrow rows keep float
+//     copies; float32 rows, which convert nothing, gain nothing from them. The copy is a
 //     separate array for 16-bit T, the loaded one itself where T is A.
 //   WHOLE: slots i < WHOLE are inside the row for every thread, read and written without the
 //   per-slot check against N: at 64 registers ptxas keeps the centered copies of unchecked
 //   slots and spills checked ones. Rows as loaded keep their checks (with none, ptxas widens
 //   every element once, holds the floats and spills).
-//   Loading the next row ahead of the current row's reductions measured slower, into
-//   registers (they cost more occupancy than the overlap gains) and with cp.async into shared
-//   memory.
+//   The next row is not loaded ahead of the current row's reductions: registers for it cost
+//   more occupancy than the overlap gains (docs/tuning.md has this and the cp.async form).
 //   MINB: blocks per SM asked of ptxas (launch bounds), so registers do not cap occupancy.
 //   RMS: RMSNorm (args.cuh). TR, TH: with a residual (TR not void), the thread loads its packs
 //   of x and res, stores h = x + res (added in A, rounded to TH) and holds h's packs, which the
@@ -205,7 +204,7 @@ __global__ void __launch_bounds__(BLOCK, sm_blocks(MINB))
 //   merge them as ln_fwd_cluster does (bitwise the same mean and rstd in every block); then
 //   each writes y for its slice. The plans give as many clusters as the device holds at once,
 //   each walking rows r, r + clusters, ... (so each is started once, and each block keeps its
-//   column slice, its w and b, for all its rows): a cluster per row measured slower. MINB
+//   column slice, its w and b, for all its rows), rather than a cluster per row. MINB
 //   blocks per SM (launch bounds): one block's
 //   loads overlap another's reductions and stores, which a lone 1024-thread block holding the
 //   whole row cannot.
@@ -218,8 +217,8 @@ __global__ void __launch_bounds__(BLOCK, sm_blocks(MINB))
 //   block of up to 512 threads an SM, 117 registers a thread for float32). Sending the next
 //   row's statistics before this row's y instead (an exchange outstanding) lost: its loads then
 //   hold up this row's stores. The plans take LAG for float32 rows in blocks of FWD_LAG_BLOCK
-//   threads or more. Two rows a thread at a time, w and b read once for both at half the
-//   vectors a row, measured slower. RMS: RMSNorm (args.cuh). TR, TH: a residual add in front,
+//   threads or more, rather than two rows a thread at a time (docs/tuning.md has both).
+//   RMS: RMSNorm (args.cuh). TR, TH: a residual add in front,
 //   as ln_fwd_reg's (each block adds, stores and holds its slice of h).
 // Limits: ceil(P / C) <= ITEMS * BLOCK, and P >= C (every block gets packs). STAGE_WB: dynamic
 // shared memory of ITEMS * BLOCK * VEC * (sizeof(TW) + sizeof(TB)) bytes. LAG: 2 * ITEMS * VEC
@@ -236,7 +235,7 @@ __global__ void CUPYLN_CLUSTER(C) __launch_bounds__(BLOCK, sm_blocks(MINB))
   static_assert(BLOCK % 32 == 0 && BLOCK > 32 && BLOCK <= 1024 && C <= 32, "bad block");
   static_assert(!(RES && LAG), "a residual takes one register set");
   // LAG: exchanges through four slots, though a receive comes between any two sends and two
-  // would hold them: four measured faster (not profiled)
+  // would hold them (docs/tuning.md, "Choices inside the kernels")
   constexpr int SLOTS = LAG ? 4 : 2;
   __shared__ A red[2][BLOCK / 32];  // the slice's sum and sum of squared deviations
   __shared__ A xch[SLOTS * C * 3];

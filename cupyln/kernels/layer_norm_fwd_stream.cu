@@ -44,9 +44,9 @@ __device__ __forceinline__ P load_own(const P* p, const unsigned long long polic
 //   y = (x - (k + mean)) * rstd * w + b.
 //   A thread needs 32 registers: MINB * BLOCK = 2048 threads an SM (1792-1920 in blocks that do
 //   not divide it), where the register rows that hold the row get 1536 at 40, and x is still
-//   read from HBM once (Nsight Compute). Its shape is measured: a grid-stride loop over rows,
-//   the statistics stored after y, pass 2 without the L2 policies, more packs a thread and x
-//   loaded past L1 in pass 1 too (pass 2 then misses L1) were each slower. The loads of x are
+//   read from HBM once (Nsight Compute). Its shape was chosen against a grid-stride loop over
+//   rows, the statistics stored after y, pass 2 without the L2 policies, more packs a thread
+//   and x loaded past L1 in pass 1 too (docs/tuning.md). The loads of x are
 //   volatile (load_hinted): pass 2 reads memory again. Each thread stores only
 //   packs it has read itself, after every thread of its row has read the shift (the row's sums,
 //   barriers or warp shuffles, come between), so y may be x.
@@ -59,12 +59,12 @@ __device__ __forceinline__ P load_own(const P* p, const unsigned long long polic
 //   read-only path their plain reads compile to; ptxas then stores each pack's y before the
 //   next pack's arithmetic, and rows with float16 in x, w or b spill nothing with w and b
 //   given. bf16 rows did not gain: the plans take it where x, w or b is float16.
-//   Narrow rows (N = 512-4096) stream at 2 packs a thread, 32-256 threads a row; one pack a
-//   thread, 3-4 packs a warp, and 3 packs where 2 fit were slower.
+//   Narrow rows (N = 512-4096) stream at 2 packs a thread, 32-256 threads a row (docs/tuning.md
+//   has the other shapes tried).
 //   PARTIAL: the row's packs P fill only some of the NCH * TPR slots, P > (NCH - 1) * TPR (every
 //   thread holds its first pack): a thread skips its packs past the row, and the row's threads
-//   merge their states weighted by their counts (rows of 64 threads; rows filling less, or of
-//   more threads, were slower).
+//   merge their states weighted by their counts (rows of 64 threads, FWD_STREAM_PARTIAL and
+//   FWD_STREAM_FILL in the plans).
 //   RMS: RMSNorm (args.cuh). RES: a residual of T (TR = TH = T): pass 1 loads the packs of x
 //   and res, stores h = x + res (rounded to T) and forms the statistics of h; pass 2 reads h
 //   back (its own stores, through the coherent path) in place of x.
