@@ -74,11 +74,15 @@ def statistics(shape, dt, name: str, lead: tuple, acc, x_dtype, input_name: str 
                          f"got {tuple(shape)}")  # fmt: skip
 
 
-def like(shape, dt, name: str, ref_shape, ref_dt, ref_name: str) -> None:
-    """A gradient with the shape and dtype of the input it belongs to."""
+def _same_shape(shape, name: str, ref_shape, ref_name: str) -> None:
     if tuple(shape) != tuple(ref_shape):
         raise ValueError(f"{name} must have the shape of {ref_name} {tuple(ref_shape)}; "
                          f"got {tuple(shape)}")  # fmt: skip
+
+
+def like(shape, dt, name: str, ref_shape, ref_dt, ref_name: str) -> None:
+    """A gradient with the shape and dtype of the input it belongs to."""
+    _same_shape(shape, name, ref_shape, ref_name)
     if dt != ref_dt:
         raise TypeError(f"{name} must have the dtype of {ref_name} ({ref_dt}); got {dt}")
 
@@ -86,9 +90,7 @@ def like(shape, dt, name: str, ref_shape, ref_dt, ref_name: str) -> None:
 def gradient(shape, dt, name: str, ref_shape, ref_dt, ref_name: str = "x") -> None:
     """A gradient with the shape of the input it belongs to, of its precision (another dtype
     of that precision is converted by the caller)."""
-    if tuple(shape) != tuple(ref_shape):
-        raise ValueError(f"{name} must have the shape of {ref_name} {tuple(ref_shape)}; "
-                         f"got {tuple(shape)}")  # fmt: skip
+    _same_shape(shape, name, ref_shape, ref_name)
     if TABLE[dt][1] != TABLE[ref_dt][1]:
         raise TypeError(f"{name} must be of {ref_name}'s precision ({ref_dt}: float64 only with "
                         f"float64, else float32, float16 or bfloat16); got {dt}")  # fmt: skip

@@ -262,5 +262,11 @@ _BwdOp = once("norm_bwd")
 
 
 def needs_grad(*tensors) -> bool:
-    """Autograd records a call on these tensors (or None)."""
-    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+    """Autograd records a call on these tensors (or None). A loop, not any() over a generator:
+    it runs on every eager call."""
+    if not torch.is_grad_enabled():
+        return False
+    for t in tensors:
+        if t is not None and t.requires_grad:
+            return True
+    return False
