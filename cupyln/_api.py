@@ -299,7 +299,7 @@ def _forward_checked(x, w, b, eps, *, rms, residual, residual_dtype, weight_offs
             )  # fmt: skip
         ptrs = (x2.data.ptr, y.data.ptr, ptr(scale), ptr(b2), ptr(mean), rstd.data.ptr, ptr(r2),
                 ptr(h))  # fmt: skip
-        _launcher.launch_forward(dev, p, ptrs, eps, None, _runtime.pool_workspace)
+        _launcher.launch_forward(dev, p, ptrs, eps)
     return (*made, h) if h is not None else tuple(made)
 
 

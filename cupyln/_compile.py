@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy
 
 from ._dtypes import ctype
+from ._plans.common import SIGNATURES
 
 KERNEL_DIR = Path(__file__).resolve().parent / "kernels"
 
@@ -86,8 +87,16 @@ def _arg(a) -> str:
 
 @cache
 def expression(k) -> str:
-    """Name expression of a kernel record, e.g. ``cupyln::ln_fwd_reg<float, float, ...>``."""
-    return f"cupyln::{k.name}<{', '.join(_arg(a) for a in k.args)}>"
+    """Name expression of a kernel record, e.g. ``cupyln::ln_fwd_reg<cupyln::Load<float, void,
+    void>, cupyln::Store<false, float, float, float>, 4, ...>``."""
+    args = iter(k.args)
+    out = []
+    for p in SIGNATURES[k.name]:
+        if isinstance(p, tuple):
+            out.append(f"cupyln::{p[0]}<{', '.join(_arg(next(args)) for _ in p[1])}>")
+        else:
+            out.append(_arg(next(args)))
+    return f"cupyln::{k.name}<{', '.join(out)}>"
 
 
 _lock = threading.Lock()

@@ -24,8 +24,8 @@ class Problem(NamedTuple):
     normalized input's (x, or h with a residual), ``b_dtype`` db's, ``dh`` whether a gradient
     along the residual stream is added to dx. ``w_dtype`` is the scale's dtype as the kernels
     read it (w + weight_offset formed in float32 where an offset is given); None: no weight,
-    likewise no bias. Row strides are in elements (N for contiguous rows; 0 for an absent
-    operand)."""
+    likewise no bias. ``y_dtype`` is y's where not x's (forward: the Store's). Row strides are
+    in elements (N for contiguous rows; 0 for an absent operand)."""
 
     m: int
     n: int
@@ -39,6 +39,7 @@ class Problem(NamedTuple):
     r_stride: int = 0  # forward: the residual's
     dy_stride: int = 0  # backward: dy's
     dh_stride: int = 0  # backward: dh's
+    y_dtype: numpy.dtype | None = None  # forward: y's, None: x's
 
     @property
     def tw(self) -> numpy.dtype:
@@ -49,6 +50,11 @@ class Problem(NamedTuple):
     def tb(self) -> numpy.dtype:
         """The bias's (forward) or db's (backward) dtype as a kernel template takes it."""
         return self.dtype if self.b_dtype is None else self.b_dtype
+
+    @property
+    def ty(self) -> numpy.dtype:
+        """y's dtype (x's unless ``y_dtype`` says otherwise)."""
+        return self.dtype if self.y_dtype is None else self.y_dtype
 
     @property
     def affine(self) -> tuple[bool, bool]:

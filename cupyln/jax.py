@@ -199,7 +199,7 @@ def _forward_call(m, n, x_dtype, r_dtype, h_dtype, w_dtype, b_dtype, eps, rms):
             b_ptr = 0 if b is None else _aligned(_ptr(b), n * b_dtype.itemsize, keep)
             ptrs = (x_ptr, _ptr(y), w_ptr, b_ptr, 0 if rms else _ptr(mean), _ptr(rstd),
                     0 if r is None else _ptr(r), 0 if r is None else _ptr(h))  # fmt: skip
-            _launcher.launch_forward(dev, p, ptrs, eps, ctx.stream, _runtime.pool_workspace)
+            _launcher.launch_forward(dev, p, ptrs, eps, ctx.stream)
 
     return buffer_callback(callback, shapes, vmap_method="sequential")
 

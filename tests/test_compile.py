@@ -124,7 +124,7 @@ def family_variants(x_dtype, smem: int = SMEM_H100, c: int = C.MAX_CLUSTER,
     """The norm family's kernels on a device of these limits: RMSNorm's forward and backward
     plans, and the residual add's (h of x's dtype and of float32, with either norm), with w
     and b of x's dtype, at every width and pack width, in every forward mode; the unfused
-    plans' ln_fwd_add and its cast."""
+    plans' ln_fwd_add."""
     out = set()
     f32 = np.dtype(np.float32)
     hs = [x_dtype] if x_dtype.itemsize == 8 else sorted({x_dtype, f32}, key=str)
@@ -147,7 +147,6 @@ def family_variants(x_dtype, smem: int = SMEM_H100, c: int = C.MAX_CLUSTER,
                         out.add(p.kernel)
                         if p.unfused:
                             out.add(F.add_kernel(x_dtype, h, h, vec))
-                            out.add(F.add_kernel(h, None, x_dtype, vec))
     return out
 
 
@@ -172,10 +171,11 @@ def jagged_variants(x_dtype, smem: int = SMEM_H100) -> set:
 
 
 def family(k) -> bool:
-    """Whether kernel record ``k`` is a norm-family variant (RMS, RES, DH set, or a TR)."""
-    params = C.SIGNATURES[k.name]
-    flags = any(k.arg(p) for p in ("RMS", "RES", "DH") if p in params)
-    return flags or ("TR" in params and k.name != "ln_fwd_add" and k.arg("TR") is not None)
+    """Whether kernel record ``k`` is a norm-family variant (RMSNorm's Store, or a Load with
+    a residual: the forward's add, the backward's dh)."""
+    params = C.params(k.name)
+    rms = "RMS" in params and k.arg("RMS")
+    return rms or ("TR" in params and k.name != "ln_fwd_add" and k.arg("TR") is not None)
 
 
 def spill_allowed(k, arch: int = 90) -> int:
@@ -192,7 +192,8 @@ def spill_allowed_ln(k, arch: int = 90) -> int:
     if arch >= 100:
         return max(spill_allowed_ln(k), NEWER_ARCH_SPILL)
     if k.name == "ln_fwd_stream":
-        return STREAM_SPILL if k.arg("HAS_W") and k.arg("HAS_B") else STREAM_BARE_SPILL
+        affine = k.arg("TW") is not None and k.arg("TB") is not None
+        return STREAM_SPILL if affine else STREAM_BARE_SPILL
     if k.name == "ln_bwd_reg_cluster":
         return BOUNDED_SPILL
     if k.name == "ln_bwd_reg" and k.arg("AHEAD"):
@@ -206,22 +207,20 @@ def test_spill_allowances():
     bf = ref_bf16()
 
     def reg(items, tpr, block, minb, center, whole):
-        return kernel("ln_fwd_reg", T=bf, TW=bf, TB=bf, VEC=8, ITEMS=items, TPR=tpr,
-                      BLOCK=block, MINB=minb, CENTER=center, WHOLE=whole, RMS=False, TR=None,
-                      TH=None)  # fmt: skip
+        return kernel("ln_fwd_reg", T=bf, RMS=False, TW=bf, TB=bf, VEC=8, ITEMS=items, TPR=tpr,
+                      BLOCK=block, MINB=minb, CENTER=center, WHOLE=whole)  # fmt: skip
 
     def bwd(tpr, block, flag):
-        return kernel("ln_bwd_reg", T=bf, TW=bf, VEC=8, ITEMS=2, TPR=tpr, BLOCK=block,
-                      AHEAD=flag, SHARED_SUMS=flag, STAGE_W=flag, RMS=False,
-                      DH=False)  # fmt: skip
+        return kernel("ln_bwd_reg", T=bf, RMS=False, TW=bf, TB=None, VEC=8, ITEMS=2, TPR=tpr,
+                      BLOCK=block, AHEAD=flag, SHARED_SUMS=flag, STAGE_W=flag)  # fmt: skip
 
     def stream(has_b):
-        return kernel("ln_fwd_stream", T=bf, TW=bf, TB=bf, VEC=8, TPR=512, BLOCK=512, NCH=4,
-                      MINB=4, PARTIAL=False, ROLL=False, COHERENT_WB=False, HAS_W=True,
-                      HAS_B=has_b, RMS=False, RES=False)  # fmt: skip
+        return kernel("ln_fwd_stream", T=bf, RMS=False, TW=bf, TB=bf if has_b else None, VEC=8,
+                      TPR=512, BLOCK=512, NCH=4, MINB=4, PARTIAL=False, ROLL=False,
+                      COHERENT_WB=False)  # fmt: skip
 
-    cluster = kernel("ln_bwd_reg_cluster", T=bf, TW=bf, VEC=8, ITEMS=4, BLOCK=256, C=8,
-                     STAGE_W=True, RMS=False, DH=False)  # fmt: skip
+    cluster = kernel("ln_bwd_reg_cluster", T=bf, RMS=False, TW=bf, TB=None, VEC=8, ITEMS=4,
+                     BLOCK=256, C=8, STAGE_W=True)  # fmt: skip
     assert spill_allowed(cluster) == 48
     assert spill_allowed(bwd(512, 512, True)) == AHEAD_SPILL
     assert spill_allowed(bwd(64, 64, False)) == 0
@@ -325,12 +324,14 @@ def test_includes_are_inlined_and_hashed():
 
 def test_expressions_render_the_dtype_table():
     bf, f32 = ref_bf16(), np.dtype(np.float32)
-    k = kernel("ln_fwd_row", T=bf, TW=f32, TB=f32, VEC=8, BLOCK=256, STAGE=True, RMS=False)
+    k = kernel("ln_fwd_row", T=bf, RMS=False, TW=f32, TB=f32, VEC=8, BLOCK=256, STAGE=True)
     assert _compile.expression(k) == (
-        "cupyln::ln_fwd_row<cupyln::bf16_t, float, float, 8, 256, true, false>"
+        "cupyln::ln_fwd_row<cupyln::Load<cupyln::bf16_t, void, void>, "
+        "cupyln::Store<false, cupyln::bf16_t, float, float>, 8, 256, true>"
     )
-    assert _compile.expression(F.add_kernel(bf, None, f32, 8)) == (
-        "cupyln::ln_fwd_add<cupyln::bf16_t, void, float, 8>"
+    assert k.arg("TY") == bf and k.arg("TR") is None  # the defaults: y of x's dtype, no residual
+    assert _compile.expression(F.add_kernel(bf, bf, f32, 8)) == (
+        "cupyln::ln_fwd_add<cupyln::Load<cupyln::bf16_t, cupyln::bf16_t, float>, 8>"
     )
     assert _compile.expression(J.check_kernel(np.dtype(np.int64))) == (
         "cupyln::jag_check_offsets<long long>"

@@ -293,14 +293,14 @@ def _check_bwd_reg_cluster(plan, n, dtype, smem):
     want = kernel(
         "ln_bwd_reg_cluster",
         T=dtype,
+        RMS=False,
         TW=dtype,
+        TB=None,
         VEC=vec,
         ITEMS=items,
         BLOCK=block,
         C=c,
         STAGE_W=True,
-        RMS=False,
-        DH=False,
     )  # w of x's dtype: staged
     assert plan.kernel == want, plan
     # the next row's x and dy, the dw/db sums (float32) and w
@@ -527,7 +527,7 @@ def test_residual_rows_stream_over_1024_threads_at_32768():
             p = F.forward_plan(32768, dt, dt, dt, 8, SMEM_H100, h100, stream=True, rms=rms,
                                residual=(dt, dt))  # fmt: skip
             assert (p.tier, p.tpr, p.block, p.items, p.threads) == ("stream", 1024, 1024, 4, 2048)
-            assert p.kernel.arg("RES") and p.kernel.arg("RMS") == rms and p.kernel.arg("MINB") == 2
+            assert (p.arg("TR"), p.arg("TH"), p.arg("RMS"), p.arg("MINB")) == (dt, dt, rms, 2)
             alone = F.forward_plan(32768, dt, dt, dt, 8, SMEM_H100, h100, stream=True, rms=rms)
             assert alone.tier == "reg", alone
             for n in (31744, 33792, 65536):
@@ -591,15 +591,13 @@ def test_stream_16bit_rows():
             assert got == ("stream", block, tpr, steps, block // tpr, minb * block), (n, p)
             roll = n in (1024, 1536, 2048)  # pass 2 a loop
             coherent = fp16 in (x, w, b)  # w and b through ld.global
-            want = (8, tpr, block, steps, minb, partial, roll, coherent, True, True, False, False)
-            assert p.kernel.args[3:] == want, p
+            want = (False, x, w, b, 8, tpr, block, steps, minb, partial, roll, coherent)
+            assert p.kernel.args[3:] == want and p.arg("TR") is None, p
             assert F.forward_grid(70001, p, 0) == -(-70001 // (block // tpr))
             for affine in ((True, False), (False, True), (False, False)):
                 q = F.forward_plan(n, x, w, b, 8, SMEM_H100, h100, stream=True, affine=affine)
-                assert q.tier == "stream" and q.kernel.args == p.kernel.args[:-4] + affine + (
-                    False,
-                    False,
-                )
+                wb = (w if affine[0] else None, b if affine[1] else None)  # void: not given
+                assert q.tier == "stream" and q.kernel.args == p.kernel.args[:5] + wb + want[4:]
     for args in (
         (8192, bf16, f32, f32, 8, SMEM_H100, h100),  # float32 w and b
         (8192, f32, f32, f32, 4, SMEM_H100, h100),  # float32 rows
@@ -639,7 +637,7 @@ def test_stream_16bit_rows():
             slow = F.forward_launch_plan(m, n, *args[1:], 3.35e12 / 132)  # H100
             assert slow.tier == "reg" and F.forward_waves(m, slow, 132) > 1, (m, n)
     bare = F.forward_launch_plan(16384, *args, 4.8e12 / 132, (False, True))
-    assert bare.tier == "stream" and (bare.arg("HAS_W"), bare.arg("HAS_B")) == (False, True)
+    assert bare.tier == "stream" and (bare.arg("TW"), bare.arg("TB")) == (None, bf16)
     over = C.MAX_GRID + 1  # a block per row: more rows than a grid's blocks do not stream
     assert F.forward_launch_plan(over, *args, 4.8e12 / 132).tier == "reg"
 

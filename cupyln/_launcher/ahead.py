@@ -39,17 +39,17 @@ def _ahead(dev, max_cluster: int, p: Problem, db_dtype, backward: bool) -> set:
     n, w_dtype, b_dtype = p.n, p.tw, p.tb
 
     def forward(x, res):
-        widest = max([x.itemsize] + [d.itemsize for d in res or ()])
+        widest = max([x.itemsize, p.ty.itemsize] + [d.itemsize for d in res or ()])
         vec = vector_width(widest, n, (n,))
         plans = fwd.forward_launch_plans(
             n, x, w_dtype, b_dtype, vec, dev.smem_block, max_cluster, dram_per_sm=dev.dram_per_sm,
             affine=p.affine, rms=p.rms, residual=res, threads_sm=dev.threads_sm,
+            y_dtype=p.ty,
         )  # fmt: skip
         for plan in plans:
             out.add(plan)
-            if plan.unfused:  # ln_fwd_add, its cast, then the norm of h as a problem of its own
+            if plan.unfused:  # ln_fwd_add, then the norm of h as a problem of its own
                 out.add(fwd.add_kernel(x, *res, vec))
-                out.add(fwd.add_kernel(res[1], None, x, vec))
                 forward(res[1], None)
 
     forward(p.dtype, p.residual)

@@ -61,6 +61,7 @@ def forward_launch(device_id: int, p: Problem, vec: int):
             p.m, p.n, p.dtype, p.tw, p.tb, vec, smem_limit=dev.smem_block,
             max_cluster=max_cluster, sm_count=dev.sm_count, dram_per_sm=dev.dram_per_sm,
             affine=p.affine, rms=p.rms, residual=p.residual, threads_sm=dev.threads_sm,
+            y_dtype=p.y_dtype,
         )  # fmt: skip
 
     plan, f, cap = placed(device_id, make)
@@ -70,7 +71,7 @@ def forward_launch(device_id: int, p: Problem, vec: int):
 
 @cached(maxsize=1024)
 def add_launch(device_id, m, n, x_dtype, r_dtype, h_dtype, vec):
-    """(launcher, grid) of ln_fwd_add: h = x + res (r_dtype None: h = x, a cast)."""
+    """(launcher, grid) of ln_fwd_add: h = x + res."""
     k = fwd.add_kernel(x_dtype, r_dtype, h_dtype, vec)
     f = function(k, device_id, 0)
     grid = grid_size(m * (n // vec), fwd.ADD_BLOCK, capacity(f, fwd.ADD_BLOCK, 0, device_id))
@@ -92,7 +93,7 @@ def forward_launch_at(device_id: int, p: Problem, align: int):
     key = (device_id, p, align)
     launch = _pointer_forwards.get(key)
     if launch is None:
-        widest = max([p.dtype.itemsize] + [d.itemsize for d in p.residual or ()])
+        widest = max([p.dtype.itemsize, p.ty.itemsize] + [d.itemsize for d in p.residual or ()])
         vec = vector_widths(widest, p.n, (p.x_stride, p.r_stride), align)
         k, plan, _, grid = forward_launch(device_id, p, vec)
         launch = (k, grid, plan.block, plan.smem, vec, plan)
@@ -101,13 +102,11 @@ def forward_launch_at(device_id: int, p: Problem, align: int):
     return launch
 
 
-def launch_forward(device_id: int, p: Problem, ptrs: tuple, eps: float, stream=None,
-                   workspace=None) -> None:  # fmt: skip
+def launch_forward(device_id: int, p: Problem, ptrs: tuple, eps: float, stream=None) -> None:
     """Forward of problem ``p`` (M >= 1) at ``ptrs`` = (x, y, w, b, mean, rstd, residual, h):
     y and h contiguous, mean/rstd of M values (0: not stored), w/b 0 where absent, residual
     and h 0 without an add in front. A plan that does not fuse the add runs ln_fwd_add first,
-    and where h's dtype is not x's, its y goes through scratch memory from
-    ``workspace(nbytes)`` (as launch_backward's) and is cast."""
+    then the norm of h, which writes y in y's dtype whatever h's."""
     x, y, w, b, mean, rstd, res, h = ptrs
     key = (device_id, p, (x | y | res | h) & 15)
     launch = _pointer_forwards.get(key)  # one lookup for the bridges' repeated calls
@@ -117,22 +116,14 @@ def launch_forward(device_id: int, p: Problem, ptrs: tuple, eps: float, stream=N
         k(grid, block, smem, stream, x, p.x_stride, y, w, b, mean, rstd, p.m, p.n, eps, res,
           p.r_stride, h)  # fmt: skip
         return
-    # the add first, then the norm of h (of h's dtype: y cast where it is not x's)
+    # the add first, then the norm of h (its Store writes y in y's dtype)
     r_dtype, h_dtype = p.residual
     add, add_grid = add_launch(device_id, p.m, p.n, p.dtype, r_dtype, h_dtype, vec)
     add(add_grid, fwd.ADD_BLOCK, 0, stream, x, p.x_stride, 0, 0, 0, 0, 0, p.m, p.n, 0.0, res,
         p.r_stride, h)  # fmt: skip
-    owner = None
-    y_h = y
-    if h_dtype != p.dtype:
-        y_h, owner = workspace(p.m * p.n * h_dtype.itemsize)
-    of_h = p._replace(dtype=h_dtype, residual=None, x_stride=p.n, r_stride=0)
-    launch_forward(device_id, of_h, (h, y_h, w, b, mean, rstd, 0, 0), eps, stream)
-    if owner is not None:
-        cast, cast_grid = add_launch(device_id, p.m, p.n, h_dtype, None, p.dtype, vec)
-        cast(cast_grid, fwd.ADD_BLOCK, 0, stream, y_h, p.n, 0, 0, 0, 0, 0, p.m, p.n, 0.0, 0, 0,
-             y)  # fmt: skip
-    del owner
+    of_h = p._replace(dtype=h_dtype, residual=None, x_stride=p.n, r_stride=0,
+                      y_dtype=None if p.ty == h_dtype else p.ty)  # fmt: skip
+    launch_forward(device_id, of_h, (h, y, w, b, mean, rstd, 0, 0), eps, stream)
 
 
 # ------------------------------------------------------------------------------ backward

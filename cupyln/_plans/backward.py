@@ -132,7 +132,7 @@ def backward_plan(n: int, x_dtype, w_dtype, vec: int, smem_limit: int, max_clust
     stays short of the resident blocks (backward_short); ``rms``: RMSNorm's backward (the
     same tiers, no db); ``dh``: a gradient along the residual stream is added to dx."""
     rows = _Rows(x_dtype, w_dtype, vec, smem_limit, x_dtype.itemsize == 2 and vec == 8)
-    dtypes = dict(T=x_dtype, TW=w_dtype, RMS=rms, DH=dh)
+    dtypes = _policies(x_dtype, w_dtype, rms, dh)
     values = BWD_REG_VALUES * 4 // acc_dtype(x_dtype).itemsize
     shape = reg_shape(n, vec, values, REG_BLOCK_MAX)
     shared = False
@@ -170,6 +170,12 @@ def backward_plan(n: int, x_dtype, w_dtype, vec: int, smem_limit: int, max_clust
     return Plan(k, "row", vec, 0, ROW_BLOCK, ROW_BLOCK, 1, row_bytes if stage else 0)
 
 
+def _policies(x_dtype, w_dtype, rms: bool, dh: bool) -> dict:
+    """The backward kernels' Load and Store: dx (and dy) of x's dtype, dh of it too where
+    ``dh``; w's dtype, RMSNorm's or LayerNorm's math (kernels/policy.cuh)."""
+    return dict(T=x_dtype, TR=x_dtype if dh else None, RMS=rms, TW=w_dtype, TB=None)
+
+
 def _reg_plan(n: int, rows: _Rows, shape, values: int, shared: bool, short: bool,
               rms: bool = False, dh: bool = False) -> Plan:  # fmt: skip
     """ln_bwd_reg for ``shape`` (tpr, items, block): 16-bit rows of small blocks get blocks in
@@ -187,9 +193,9 @@ def _reg_plan(n: int, rows: _Rows, shape, values: int, shared: bool, short: bool
     smem = rows.smem(block, items, shared, staged_w, tpr) if packs16 else 0
     if packs16 and not ahead and tpr > 32:
         block = _group_block(tpr, items * vec, short)
-    k = kernel("ln_bwd_reg", T=rows.x_dtype, TW=rows.w_dtype, VEC=vec, ITEMS=items, TPR=tpr,
-               BLOCK=block, AHEAD=ahead, SHARED_SUMS=shared, STAGE_W=staged_w,
-               RMS=rms, DH=dh)  # fmt: skip
+    k = kernel("ln_bwd_reg", **_policies(rows.x_dtype, rows.w_dtype, rms, dh), VEC=vec,
+               ITEMS=items, TPR=tpr, BLOCK=block, AHEAD=ahead, SHARED_SUMS=shared,
+               STAGE_W=staged_w)  # fmt: skip
     return Plan(k, "reg", vec, items, tpr, block, block // tpr, smem)
 
 
@@ -318,7 +324,7 @@ def dwdb_slices(m: int, n: int, sm_count: int) -> tuple[int, int]:
 
 def dwdb_cols_kernel(x_dtype, rms: bool = False):
     """The row tier's dw/db column kernel (also the jagged backward's)."""
-    return kernel("ln_bwd_dwdb_cols", T=x_dtype, RMS=rms)
+    return kernel("ln_bwd_dwdb_cols", **_policies(x_dtype, x_dtype, rms, False))
 
 
 def reduce_kernel(n: int, slices: int, sm_count: int, x_dtype, dw_dtype, db_dtype):

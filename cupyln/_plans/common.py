@@ -6,28 +6,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# Each kernel's template parameters, in the order kernels/*.cu declares them. A plan names its
-# arguments; the compile layer renders them in this order.
-SIGNATURES: dict[str, tuple[str, ...]] = {
-    "ln_fwd_reg": (
-        "T",
-        "TW",
-        "TB",
-        "VEC",
-        "ITEMS",
-        "TPR",
-        "BLOCK",
-        "MINB",
-        "CENTER",
-        "WHOLE",
-        "RMS",
-        "TR",
-        "TH",
-    ),  # fmt: skip
+# The policies every dense kernel takes first (kernels/policy.cuh): what a row is (x, or
+# x + residual -> h), and what the norm writes (which statistics, y's dtype, w and b).
+LOAD = ("Load", ("T", "TR", "TH"))
+STORE = ("Store", ("RMS", "TY", "TW", "TB"))
+# What a kernel record may leave out: no residual, y of x's dtype.
+DEFAULTS = {"TR": None, "TH": None, "TY": "T"}
+
+# Each kernel's template arguments, in the order kernels/*.cu declares them: a parameter, or a
+# policy (its name, its parameters). A plan names its parameters; the compile layer renders
+# them in this order, each policy as ``cupyln::Name<...>``.
+SIGNATURES: dict[str, tuple] = {
+    "ln_fwd_reg": (LOAD, STORE, "VEC", "ITEMS", "TPR", "BLOCK", "MINB", "CENTER", "WHOLE"),
     "ln_fwd_stream": (
-        "T",
-        "TW",
-        "TB",
+        LOAD,
+        STORE,
         "VEC",
         "TPR",
         "BLOCK",
@@ -36,33 +29,15 @@ SIGNATURES: dict[str, tuple[str, ...]] = {
         "PARTIAL",
         "ROLL",
         "COHERENT_WB",
-        "HAS_W",
-        "HAS_B",
-        "RMS",
-        "RES",
     ),  # fmt: skip
-    "ln_fwd_reg_cluster": (
-        "T",
-        "TW",
-        "TB",
-        "VEC",
-        "ITEMS",
-        "BLOCK",
-        "C",
-        "MINB",
-        "STAGE_WB",
-        "LAG",
-        "RMS",
-        "TR",
-        "TH",
-    ),  # fmt: skip
-    "ln_fwd_ring": ("T", "TW", "TB", "VEC", "BLOCK", "GROUP"),
-    "ln_fwd_cluster": ("T", "TW", "TB", "VEC", "BLOCK", "C", "RMS"),
-    "ln_fwd_row": ("T", "TW", "TB", "VEC", "BLOCK", "STAGE", "RMS"),
-    "ln_fwd_add": ("T", "TR", "TH", "VEC"),
+    "ln_fwd_reg_cluster": (LOAD, STORE, "VEC", "ITEMS", "BLOCK", "C", "MINB", "STAGE_WB", "LAG"),
+    "ln_fwd_ring": (LOAD, STORE, "VEC", "BLOCK", "GROUP"),
+    "ln_fwd_cluster": (LOAD, STORE, "VEC", "BLOCK", "C"),
+    "ln_fwd_row": (LOAD, STORE, "VEC", "BLOCK", "STAGE"),
+    "ln_fwd_add": (LOAD, "VEC"),
     "ln_bwd_reg": (
-        "T",
-        "TW",
+        LOAD,
+        STORE,
         "VEC",
         "ITEMS",
         "TPR",
@@ -70,14 +45,12 @@ SIGNATURES: dict[str, tuple[str, ...]] = {
         "AHEAD",
         "SHARED_SUMS",
         "STAGE_W",
-        "RMS",
-        "DH",
     ),  # fmt: skip
-    "ln_bwd_reg_cluster": ("T", "TW", "VEC", "ITEMS", "BLOCK", "C", "STAGE_W", "RMS", "DH"),
-    "ln_bwd_ring": ("T", "TW", "VEC", "ITEMS", "BLOCK", "RMS", "DH"),
-    "ln_bwd_cluster": ("T", "TW", "VEC", "ITEMS", "BLOCK", "C", "LAG", "RMS", "DH"),
-    "ln_bwd_row": ("T", "TW", "VEC", "BLOCK", "STAGE", "RMS", "DH"),
-    "ln_bwd_dwdb_cols": ("T", "RMS"),
+    "ln_bwd_reg_cluster": (LOAD, STORE, "VEC", "ITEMS", "BLOCK", "C", "STAGE_W"),
+    "ln_bwd_ring": (LOAD, STORE, "VEC", "ITEMS", "BLOCK"),
+    "ln_bwd_cluster": (LOAD, STORE, "VEC", "ITEMS", "BLOCK", "C", "LAG"),
+    "ln_bwd_row": (LOAD, STORE, "VEC", "BLOCK", "STAGE"),
+    "ln_bwd_dwdb_cols": (LOAD, STORE),
     "ln_partial_reduce": ("A", "TW", "TB", "Y", "C"),
     "jag_partition": ("I",),
     "jag_check_offsets": ("I",),
@@ -91,6 +64,15 @@ SIGNATURES: dict[str, tuple[str, ...]] = {
     "jag_bwd_apply": ("T", "TW", "I", "VEC", "BLOCK"),
     "jag_expand_stats": ("A", "I"),
 }
+
+
+def params(name: str) -> tuple[str, ...]:
+    """Kernel ``name``'s parameters, its policies' spelled out, in order."""
+    out: list[str] = []
+    for p in SIGNATURES[name]:
+        out.extend(p[1] if isinstance(p, tuple) else (p,))
+    return tuple(out)
+
 
 STATIC_SMEM_MARGIN = 1024  # the kernels' own static shared memory (reductions), bytes
 MAX_CLUSTER = 8  # the portable thread-block cluster size limit
@@ -107,16 +89,21 @@ class Kernel:
     args: tuple
 
     def arg(self, param: str):
-        """The argument of template parameter ``param`` (e.g. ``"CENTER"``)."""
-        return self.args[SIGNATURES[self.name].index(param)]
+        """The argument of template parameter ``param`` (e.g. ``"CENTER"``, or a policy's
+        ``"RMS"``)."""
+        return self.args[params(self.name).index(param)]
 
 
 def kernel(name: str, **args) -> Kernel:
-    """``Kernel(name, ...)`` from keyword arguments named as the template's parameters."""
-    params = SIGNATURES[name]
-    if set(args) != set(params):
-        raise TypeError(f"{name} takes {params}; got {tuple(args)}")
-    return Kernel(name, tuple(args[p] for p in params))
+    """``Kernel(name, ...)`` from keyword arguments named as the template's parameters (its
+    policies' spelled out; those of DEFAULTS may be left out)."""
+    names = params(name)
+    for p, d in DEFAULTS.items():
+        if p in names and p not in args:
+            args[p] = args[d] if d in names else d
+    if set(args) != set(names):
+        raise TypeError(f"{name} takes {names}; got {tuple(args)}")
+    return Kernel(name, tuple(args[p] for p in names))
 
 
 @dataclass(frozen=True)

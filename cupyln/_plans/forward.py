@@ -35,7 +35,6 @@ from .common import (
     REG_BLOCK_MAX,
     ROW_BLOCK,
     STATIC_SMEM_MARGIN,
-    Kernel,
     Plan,
     async_copyable,
     cdiv,
@@ -118,20 +117,20 @@ def forward_waves(m: int, plan: Plan, sm_count: int) -> float:
 def forward_launch_plan(m: int, n: int, x_dtype, w_dtype, b_dtype, vec: int, smem_limit: int,
                         max_cluster: int, sm_count: int, dram_per_sm: float = 0.0,
                         affine: tuple = (True, True), rms: bool = False,
-                        residual: tuple | None = None,
-                        threads_sm: int = FWD_STREAM_THREADS) -> Plan:  # fmt: skip
+                        residual: tuple | None = None, threads_sm: int = FWD_STREAM_THREADS,
+                        y_dtype=None) -> Plan:  # fmt: skip
     """The forward's plan for M rows of N: ``forward_plan`` at ``forward_items`` packs a
     thread. A short launch on a device with clusters takes instead, of the plans whose grid fits
     one wave of resident blocks, the one that fills it most, where that beats the first plan's
     fill of its waves; and streams where none fits one wave (FWD_STREAM_SHORT). Long launches
     stream where the device's DRAM feeds an SM at FWD_STREAM_DRAM_PER_SM or more and an SM holds
     FWD_STREAM_THREADS threads (``threads_sm``). ``affine``: (w given, b given); ``rms``,
-    ``residual``: as forward_plan."""
+    ``residual``, ``y_dtype``: as forward_plan."""
     items = forward_items(m, n, vec, sm_count)
     fast = dram_per_sm >= FWD_STREAM_DRAM_PER_SM and threads_sm >= FWD_STREAM_THREADS
     stream = fast and m <= MAX_GRID
     dtypes = (x_dtype, w_dtype, b_dtype)
-    norm = dict(rms=rms, residual=residual)
+    norm = dict(rms=rms, residual=residual, y_dtype=y_dtype)
     plan = forward_plan(n, *dtypes, vec, smem_limit, max_cluster, items, stream=stream,
                         affine=affine, **norm)  # fmt: skip
     if items == FWD_REG_ITEMS or max_cluster <= 1:
@@ -158,26 +157,28 @@ def forward_launch_plan(m: int, n: int, x_dtype, w_dtype, b_dtype, vec: int, sme
 def forward_launch_plans(n: int, x_dtype, w_dtype, b_dtype, vec: int, smem_limit: int,
                          max_cluster: int, dram_per_sm: float = 0.0,
                          affine: tuple = (True, True), rms: bool = False,
-                         residual: tuple | None = None,
-                         threads_sm: int = FWD_STREAM_THREADS) -> set:  # fmt: skip
+                         residual: tuple | None = None, threads_sm: int = FWD_STREAM_THREADS,
+                         y_dtype=None) -> set:  # fmt: skip
     """Every plan forward_launch_plan can return for rows of N, whatever M (a few more: the
     plans it weighs), for compiling ahead of a CUDA-graph capture."""
     dtypes = (x_dtype, w_dtype, b_dtype, vec, smem_limit, max_cluster)
-    norm = dict(affine=affine, rms=rms, residual=residual)
+    norm = dict(affine=affine, rms=rms, residual=residual, y_dtype=y_dtype)
     fast = dram_per_sm >= FWD_STREAM_DRAM_PER_SM and threads_sm >= FWD_STREAM_THREADS
     plans = set()
     for items in (FWD_REG_ITEMS, FWD_REG_ITEMS_SHORT):
         for stream in {False, fast}:
             plans.add(forward_plan(n, *dtypes, items, stream=stream, **norm))
     if max_cluster > 1:
-        plans.add(forward_plan(n, *dtypes, FWD_REG_ITEMS_SHORT, True, rms=rms, residual=residual))
+        plans.add(forward_plan(n, *dtypes, FWD_REG_ITEMS_SHORT, True, rms=rms, residual=residual,
+                               y_dtype=y_dtype))  # fmt: skip
     return plans
 
 
 def forward_plan(n: int, x_dtype, w_dtype, b_dtype, vec: int, smem_limit: int,
                  max_cluster: int = 1, items: int = FWD_REG_ITEMS, one_wave: bool = False,
                  stream: bool = False, affine: tuple = (True, True), rms: bool = False,
-                 residual: tuple | None = None, res_stream: bool = False) -> Plan:  # fmt: skip
+                 residual: tuple | None = None, res_stream: bool = False,
+                 y_dtype=None) -> Plan:  # fmt: skip
     """The forward's kernel for rows of N elements of ``x_dtype`` in packs of ``vec``.
 
     ``smem_limit``: the device's opt-in shared bytes a block; ``max_cluster``: the largest
@@ -186,11 +187,12 @@ def forward_plan(n: int, x_dtype, w_dtype, b_dtype, vec: int, smem_limit: int,
     launches); ``stream``: 16-bit rows of a streamable shape stream (sm_90, at FWD_REG_ITEMS);
     ``affine``: (w given, b given), compile-time flags of the stream kernel; ``rms``: RMSNorm;
     ``residual``: (residual dtype, h dtype) of a residual add in front, or None; ``res_stream``:
-    the stream shapes of a residual add's rows (FWD_STREAM_RES_SHAPES besides)."""
+    the stream shapes of a residual add's rows (FWD_STREAM_RES_SHAPES besides); ``y_dtype``:
+    y's dtype, where not x's (the Store's)."""
     if residual is not None:
         return _residual_plan(n, x_dtype, w_dtype, b_dtype, vec, smem_limit, max_cluster, items,
-                              one_wave, stream, affine, rms, residual)  # fmt: skip
-    dtypes = dict(T=x_dtype, TW=w_dtype, TB=b_dtype)
+                              one_wave, stream, affine, rms, residual, y_dtype)  # fmt: skip
+    dtypes = dict(T=x_dtype, TY=y_dtype or x_dtype, TW=w_dtype, TB=b_dtype)
     size = x_dtype.itemsize
     row_bytes = staged(n, size)
     widest = max(size, w_dtype.itemsize, b_dtype.itemsize)
@@ -221,7 +223,7 @@ def forward_plan(n: int, x_dtype, w_dtype, b_dtype, vec: int, smem_limit: int,
     ring_split = _cluster_shape(n, vec, size, row_bytes, smem_limit, max_cluster)
     if ring_split is not None:
         c, block, smem = ring_split
-        k = kernel("ln_fwd_cluster", **dtypes, VEC=vec, BLOCK=block, C=c, RMS=rms)
+        k = kernel("ln_fwd_cluster", **dtypes, RMS=rms, VEC=vec, BLOCK=block, C=c)
         return Plan(k, "cluster", vec, 0, block, block, 1, smem, c)
     if shape is not None:
         return _reg_plan(n, vec, dtypes, shape, values, block_max, sixteen, one_wave,
@@ -230,17 +232,17 @@ def forward_plan(n: int, x_dtype, w_dtype, b_dtype, vec: int, smem_limit: int,
     ring = _ring_shape(row_bytes, smem_limit) if copyable else None
     if ring is not None:
         block, smem = ring
-        k = kernel("ln_fwd_ring", **dtypes, VEC=vec, BLOCK=block, GROUP=block)
+        k = kernel("ln_fwd_ring", **dtypes, RMS=False, VEC=vec, BLOCK=block, GROUP=block)
         return Plan(k, "ring", vec, 0, block, block, 1, smem)
     stage = row_bytes <= smem_limit - STATIC_SMEM_MARGIN
     alone = not stage or 2 * (row_bytes + STATIC_SMEM_MARGIN) > smem_limit
     block = ROW_BLOCK_ALONE if alone else ROW_BLOCK
-    k = kernel("ln_fwd_row", **dtypes, VEC=vec, BLOCK=block, STAGE=stage, RMS=rms)
+    k = kernel("ln_fwd_row", **dtypes, RMS=rms, VEC=vec, BLOCK=block, STAGE=stage)
     return Plan(k, "row", vec, 0, block, block, 1, row_bytes if stage else 0)
 
 
 def _residual_plan(n, x_dtype, w_dtype, b_dtype, vec, smem_limit, max_cluster, items, one_wave,
-                   stream, affine, rms, residual) -> Plan:  # fmt: skip
+                   stream, affine, rms, residual, y_dtype=None) -> Plan:  # fmt: skip
     """The plan of a residual add in front of the norm: the stream tier where x, the residual
     and h share a dtype, else the register rows where one block holds the row; else the plan of
     h's norm, ``unfused`` (ln_fwd_add writes h first)."""
@@ -251,9 +253,11 @@ def _residual_plan(n, x_dtype, w_dtype, b_dtype, vec, smem_limit, max_cluster, i
     plain = forward_plan(n, x_dtype, w_dtype, b_dtype, vec, smem_limit, max_cluster, items,
                          one_wave, stream and same, affine, res_stream=True)  # fmt: skip
     if plain.tier == "stream":
-        k = plain.kernel
-        return replace(plain, kernel=Kernel(k.name, k.args[:-2] + (rms, True)))
-    dtypes = dict(T=x_dtype, TW=w_dtype, TB=b_dtype)
+        return _stream_plan(n, vec, dict(T=x_dtype, TY=y_dtype or x_dtype, TW=w_dtype,
+                                         TB=b_dtype),
+                            (plain.tpr, plain.items, plain.arg("PARTIAL")), affine, rms,
+                            residual)  # fmt: skip
+    dtypes = dict(T=x_dtype, TY=y_dtype or x_dtype, TW=w_dtype, TB=b_dtype)
     block_max = REG_BLOCK_MAX  # (1024-thread blocks cap a thread at 64 registers: spills)
     items = min(items, FWD_RES_ITEMS)
     shape = reg_shape(n, vec, items * vec, block_max)
@@ -270,7 +274,7 @@ def _residual_plan(n, x_dtype, w_dtype, b_dtype, vec, smem_limit, max_cluster, i
     if split is not None:
         return _reg_cluster_plan(vec, dtypes, split, smem_limit, rms, residual, threads)
     h_plan = forward_plan(n, h_dtype, w_dtype, b_dtype, vec, smem_limit, max_cluster, items,
-                          one_wave, False, affine, rms)  # fmt: skip
+                          one_wave, False, affine, rms, y_dtype=y_dtype or x_dtype)  # fmt: skip
     return replace(h_plan, unfused=True)
 
 
@@ -317,21 +321,25 @@ def _reg_plan(n, vec, dtypes, shape, values, block_max, sixteen, one_wave, max_c
     minb = 1 if wide else max(1, threads // block)
     whole = min(items, n // (tpr * vec)) if center and acc > size else 0
     tr, th = residual if residual is not None else (None, None)
-    k = kernel("ln_fwd_reg", **dtypes, VEC=vec, ITEMS=items, TPR=tpr, BLOCK=block, MINB=minb,
-               CENTER=center, WHOLE=whole, RMS=rms, TR=tr, TH=th)  # fmt: skip
+    k = kernel("ln_fwd_reg", **dtypes, RMS=rms, TR=tr, TH=th, VEC=vec, ITEMS=items, TPR=tpr,
+               BLOCK=block, MINB=minb, CENTER=center, WHOLE=whole)  # fmt: skip
     return Plan(k, "reg", vec, items, tpr, block, block // tpr, 0, 1, 0 if wide else minb * block)
 
 
-def _stream_plan(n, vec, dtypes, shape, affine, rms=False) -> Plan:
-    """ln_fwd_stream for a ``_stream_shape``: a block a row, or eight rows of a warp."""
+def _stream_plan(n, vec, dtypes, shape, affine, rms=False, residual=None) -> Plan:
+    """ln_fwd_stream for a ``_stream_shape``: a block a row, or eight rows of a warp. Its
+    Store's w and b are void where not given (``affine``): known when compiling."""
     tpr, steps, partial = shape
     block = tpr if tpr > 32 else FWD_STREAM_WARP_BLOCK
     minb = FWD_STREAM_THREADS // block
     roll = steps == 2 and not partial and 32 < tpr <= FWD_STREAM_ROLL_THREADS
-    names = {d.name for d in dtypes.values()}
-    k = kernel("ln_fwd_stream", **dtypes, VEC=vec, TPR=tpr, BLOCK=block, NCH=steps, MINB=minb,
-               PARTIAL=partial, ROLL=roll, COHERENT_WB=bool(names & FWD_STREAM_COHERENT_WB),
-               HAS_W=affine[0], HAS_B=affine[1], RMS=rms, RES=False)  # fmt: skip
+    names = {dtypes[p].name for p in ("T", "TW", "TB")}
+    tw = dtypes["TW"] if affine[0] else None
+    tb = dtypes["TB"] if affine[1] else None
+    res = dtypes["T"] if residual is not None else None
+    k = kernel("ln_fwd_stream", T=dtypes["T"], TR=res, TH=res, RMS=rms, TY=dtypes["TY"], TW=tw,
+               TB=tb, VEC=vec, TPR=tpr, BLOCK=block, NCH=steps, MINB=minb, PARTIAL=partial,
+               ROLL=roll, COHERENT_WB=bool(names & FWD_STREAM_COHERENT_WB))  # fmt: skip
     return Plan(k, "stream", vec, steps, tpr, block, block // tpr, 0, 1, minb * block)
 
 
@@ -404,8 +412,8 @@ def _reg_cluster_plan(vec: int, dtypes: dict, split, smem_limit: int, rms: bool 
     else:
         smem = 0  # w and b read through L1
     tr, th = residual if residual is not None else (None, None)
-    k = kernel("ln_fwd_reg_cluster", **dtypes, VEC=vec, ITEMS=items, BLOCK=block, C=cluster,
-               MINB=minb, STAGE_WB=smem > 0, LAG=lag, RMS=rms, TR=tr, TH=th)  # fmt: skip
+    k = kernel("ln_fwd_reg_cluster", **dtypes, RMS=rms, TR=tr, TH=th, VEC=vec, ITEMS=items,
+               BLOCK=block, C=cluster, MINB=minb, STAGE_WB=smem > 0, LAG=lag)  # fmt: skip
     return Plan(k, "reg", vec, items, block, block, 1, smem, cluster)
 
 
@@ -440,7 +448,7 @@ ADD_BLOCK = 256  # ln_fwd_add's threads a block (a grid-stride walk: any size ke
 
 
 def add_kernel(x_dtype, r_dtype, h_dtype, vec: int):
-    """ln_fwd_add: h = x + residual (r_dtype None: h = x, a cast), for the unfused plans."""
+    """ln_fwd_add: h = x + residual, for the unfused plans."""
     return kernel("ln_fwd_add", T=x_dtype, TR=r_dtype, TH=h_dtype, VEC=vec)
 
 

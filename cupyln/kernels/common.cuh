@@ -173,10 +173,40 @@ struct choose_type<false, X, Y> {
   typedef Y type;
 };
 
+template <typename X, typename Y>
+struct Same {  // whether X and Y are one type (NVRTC here has no <type_traits>)
+  static constexpr bool value = false;
+};
+template <typename X>
+struct Same<X, X> {
+  static constexpr bool value = true;
+};
+
 // ------------------------------------------------------------------ vector access
 template <typename T, int VEC>
 struct alignas(sizeof(T) * VEC) Pack {
   T v[VEC];
+};
+
+// Where a thread's pack i of a row at p lies, the thread at t of S threads owning packs
+// t, t + S, ...: at element (i * S + t) * VEC (an int), or (PacksAt) as pack i * S + t of
+// the row's packs (a pointer to packs, advanced). The same address, computed as the tier
+// computes it.
+template <int VEC, int S>
+struct ElementsAt {
+  int t;
+  template <typename T>
+  __device__ __forceinline__ const T* operator()(const T* p, const int i) const {
+    return p + (i * S + t) * VEC;
+  }
+};
+template <int VEC, int S>
+struct PacksAt {
+  int t;
+  template <typename T>
+  __device__ __forceinline__ const T* operator()(const T* p, const int i) const {
+    return reinterpret_cast<const T*>(reinterpret_cast<const Pack<T, VEC>*>(p) + (i * S + t));
+  }
 };
 
 // Element k of pk (k a compile-time constant after unrolling) widened to A.
@@ -319,9 +349,9 @@ __device__ __forceinline__ void store_pack(T* __restrict__ p, const A (&in)[VEC]
 }
 
 // y = ((x - k) - m) * rs * w + b for the VEC elements of pk (columns [col, col + VEC) of w and
-// b, each optional: nullptr), stored at dst. k and m are subtracted one after the other: with k
-// a shift near the data (the row's first element) and m the mean of x - k, large-mean rows keep
-// their precision.
+// b, each optional: nullptr, or a TW/TB of void), stored at dst of T. k and m are subtracted
+// one after the other: with k a shift near the data (the row's first element) and m the mean
+// of x - k, large-mean rows keep their precision.
 template <typename T, typename TW, typename TB, typename A, int VEC, typename S>
 __device__ __forceinline__ void normalize_store(const Pack<S, VEC>& pk, const A k, const A m,
                                                 const A rs, const TW* __restrict__ w,
@@ -330,15 +360,19 @@ __device__ __forceinline__ void normalize_store(const Pack<S, VEC>& pk, const A 
   A o[VEC], p[VEC];
 #pragma unroll
   for (int e = 0; e < VEC; ++e) o[e] = (widen_at<A>(pk, e) - k - m) * rs;
-  if (w != nullptr) {
-    load_pack<A, TW, VEC>(w + col, p);
+  if constexpr (!Same<TW, void>::value) {
+    if (w != nullptr) {
+      load_pack<A, TW, VEC>(w + col, p);
 #pragma unroll
-    for (int e = 0; e < VEC; ++e) o[e] *= p[e];
+      for (int e = 0; e < VEC; ++e) o[e] *= p[e];
+    }
   }
-  if (b != nullptr) {
-    load_pack<A, TB, VEC>(b + col, p);
+  if constexpr (!Same<TB, void>::value) {
+    if (b != nullptr) {
+      load_pack<A, TB, VEC>(b + col, p);
 #pragma unroll
-    for (int e = 0; e < VEC; ++e) o[e] += p[e];
+      for (int e = 0; e < VEC; ++e) o[e] += p[e];
+    }
   }
   store_pack<T, A, VEC>(dst, o);
 }
@@ -467,14 +501,6 @@ __device__ __forceinline__ void sum_over_y(A& a, A& b) {
 }
 
 // ------------------------------------------------------------------ the norm family
-template <typename X, typename Y>
-struct Same {  // whether X and Y are one type (NVRTC here has no <type_traits>)
-  static constexpr bool value = false;
-};
-template <typename X>
-struct Same<X, X> {
-  static constexpr bool value = true;
-};
 template <typename A>
 __device__ __forceinline__ A rsqrt_acc(A v);
 template <>

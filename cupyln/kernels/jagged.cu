@@ -74,7 +74,7 @@ __global__ void __launch_bounds__(BLOCK, RingBlocks<T, BLOCK>::value)
   __shared__ A red[2 * (BLOCK / 32)];
   const i64 g = static_cast<i64>(blockIdx.x) * (BLOCK / GROUP) + threadIdx.x / GROUP;
   P* slots = reinterpret_cast<P*>(smem_raw) + (threadIdx.x / GROUP) * ring;
-  ring_forward<T, TW, TB, I, VEC, BLOCK, GROUP>(x, D, off, parts[g], parts[g + 1], D, y, w, b,
+  ring_forward<T, T, TW, TB, I, VEC, BLOCK, GROUP>(x, D, off, parts[g], parts[g + 1], D, y, w, b,
                                                 mean, rstd, eps, cap, slots, ring, long_path,
                                                 has_long, red);
 }
@@ -249,7 +249,7 @@ __global__ void __launch_bounds__(BLOCK, 1)
   for_long_chunks(
       off, B, D, R, cap, has_long,
       [&](i64, int, i64 s, i64 r0, i64 r1) {
-        apply_vectors<T, TW, TB, A, double, VEC, BLOCK>(x + r0 * D, y + r0 * D,
+        apply_vectors<T, T, TW, TB, A, double, VEC, BLOCK>(x + r0 * D, y + r0 * D,
                                                         (r1 - r0) * D / VEC, D, 0.0, mean64[s],
                                                         rstd[s], w, b, threadIdx.x);
       },

@@ -5,8 +5,9 @@
 // With xhat = (x - mean) * rstd and g = dy * w (g = dy without w):
 //   dx = rstd * (g - mean_N(g) - xhat * mean_N(g * xhat)) + dh
 //   dw = sum over rows of dy * xhat,    db = sum over rows of dy.
-// RMS (RMSNorm): mean = 0 and no mean_N(g) term; no db (db_part is not written). DH: dh, the
-// gradient along the residual stream, is added (a compile-time flag: the pointer alone, tested
+// The kernels take the forward's policies (policy.cuh): a Store of RMS (RMSNorm): mean = 0 and
+// no mean_N(g) term; no db (db_part is not written). A Load with a residual (DH below): dh, the
+// gradient along the residual stream, is added (known when compiling: the pointer alone, tested
 // at run time, costs the 16-bit rows registers and spills).
 // Parameters: CUPYLN_BWD_PARAMS (args.cuh), the same list for every kernel of this file but
 // ln_partial_reduce.
@@ -501,26 +502,29 @@ __device__ __forceinline__ void bwd_reg_rows(
   }
 }
 
-template <typename T, typename TW, int VEC, int ITEMS, int TPR, int BLOCK, bool AHEAD,
-          bool SHARED_SUMS, bool STAGE_W, bool RMS, bool DH>
+template <typename LD, typename ST, int VEC, int ITEMS, int TPR, int BLOCK, bool AHEAD,
+          bool SHARED_SUMS, bool STAGE_W>
 __global__ void __launch_bounds__(
-    BLOCK, BwdRegBlocks<T, ITEMS, VEC, TPR, BLOCK, SHARED_SUMS, STAGE_W>::value)
+    BLOCK, BwdRegBlocks<typename LD::X, ITEMS, VEC, TPR, BLOCK, SHARED_SUMS, STAGE_W>::value)
     ln_bwd_reg(CUPYLN_BWD_PARAMS) {
+  static_assert(Same<typename ST::Y, typename LD::X>::value, "dy of x's dtype");
   release_dependents();  // ln_partial_reduce, launched after it, waits for the whole grid
-  bwd_reg_rows<T, TW, VEC, ITEMS, TPR, BLOCK, AHEAD, SHARED_SUMS, 1, STAGE_W, RMS, DH>(
+  bwd_reg_rows<typename LD::X, typename ST::W, VEC, ITEMS, TPR, BLOCK, AHEAD, SHARED_SUMS, 1,
+               STAGE_W, ST::RMS, LD::RES>(
       dy, dy_stride, x, x_stride, w, mean, rstd, dx, dw_part, db_part, M, N, inv_n, nullptr, dh,
       dh_stride);
 }
 
-template <typename T, typename TW, int VEC, int ITEMS, int BLOCK, int C, bool STAGE_W, bool RMS,
-          bool DH>
+template <typename LD, typename ST, int VEC, int ITEMS, int BLOCK, int C, bool STAGE_W>
 __global__ void CUPYLN_CLUSTER(C) __launch_bounds__(BLOCK, LagBlocks<BLOCK>::value)
     ln_bwd_reg_cluster(CUPYLN_BWD_PARAMS) {
-  typedef typename AccOf<T>::type A;
+  static_assert(Same<typename ST::Y, typename LD::X>::value, "dy of x's dtype");
+  typedef typename LD::A A;
   __shared__ A xch[4 * C * 2];  // four slots of two sums a block
   release_dependents();
   // 1 / N computed here, not the parameter: taking it changed ptxas's allocation for the worse
-  bwd_reg_rows<T, TW, VEC, ITEMS, BLOCK, BLOCK, true, true, C, STAGE_W, RMS, DH>(
+  bwd_reg_rows<typename LD::X, typename ST::W, VEC, ITEMS, BLOCK, BLOCK, true, true, C, STAGE_W,
+               ST::RMS, LD::RES>(
       dy, dy_stride, x, x_stride, w, mean, rstd, dx, dw_part, db_part, M, N, A(1) / A(N), xch,
       dh, dh_stride);
 }

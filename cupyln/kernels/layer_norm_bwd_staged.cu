@@ -181,23 +181,24 @@ __device__ __forceinline__ void bwd_ring_rows(
   }
 }
 
-template <typename T, typename TW, int VEC, int ITEMS, int BLOCK, bool RMS, bool DH>
+template <typename LD, typename ST, int VEC, int ITEMS, int BLOCK>
 __global__ void __launch_bounds__(BLOCK, 1)
     ln_bwd_ring(CUPYLN_BWD_PARAMS) {
+  static_assert(Same<typename ST::Y, typename LD::X>::value, "dy of x's dtype");
   release_dependents();
-  bwd_ring_rows<T, TW, VEC, ITEMS, BLOCK, 1, 0, RMS, DH>(dy, dy_stride, x, x_stride, w, mean,
-                                                         rstd, dx, dw_part, db_part, M, N, inv_n,
-                                                         dh, dh_stride);
+  bwd_ring_rows<typename LD::X, typename ST::W, VEC, ITEMS, BLOCK, 1, 0, ST::RMS, LD::RES>(
+      dy, dy_stride, x, x_stride, w, mean, rstd, dx, dw_part, db_part, M, N, inv_n, dh,
+      dh_stride);
 }
 
-template <typename T, typename TW, int VEC, int ITEMS, int BLOCK, int C, int LAG, bool RMS,
-          bool DH>
+template <typename LD, typename ST, int VEC, int ITEMS, int BLOCK, int C, int LAG>
 __global__ void CUPYLN_CLUSTER(C) __launch_bounds__(BLOCK, 1)
     ln_bwd_cluster(CUPYLN_BWD_PARAMS) {
+  static_assert(Same<typename ST::Y, typename LD::X>::value, "dy of x's dtype");
   release_dependents();
-  bwd_ring_rows<T, TW, VEC, ITEMS, BLOCK, C, LAG, RMS, DH>(dy, dy_stride, x, x_stride, w,
-                                                           mean, rstd, dx, dw_part, db_part, M,
-                                                           N, inv_n, dh, dh_stride);
+  bwd_ring_rows<typename LD::X, typename ST::W, VEC, ITEMS, BLOCK, C, LAG, ST::RMS, LD::RES>(
+      dy, dy_stride, x, x_stride, w, mean, rstd, dx, dw_part, db_part, M, N, inv_n, dh,
+      dh_stride);
 }
 
 // Tier "row": dx for rows too wide for registers, one block per row.
@@ -206,10 +207,14 @@ __global__ void CUPYLN_CLUSTER(C) __launch_bounds__(BLOCK, 1)
 //   recomputes xhat and g from shared memory (or from global memory without STAGE) and writes dx.
 //   dw/db come from ln_bwd_dwdb_cols. RMS, DH: as layer_norm_bwd.cu's header says.
 // Limits: any N < 2^31 - UNROLL * BLOCK * VEC.
-template <typename T, typename TW, int VEC, int BLOCK, bool STAGE, bool RMS, bool DH>
+template <typename LD, typename ST, int VEC, int BLOCK, bool STAGE>
 __global__ void __launch_bounds__(BLOCK, 1)
     ln_bwd_row(CUPYLN_BWD_PARAMS) {
-  typedef typename AccOf<T>::type A;
+  typedef typename LD::X T;
+  typedef typename ST::W TW;
+  typedef typename LD::A A;
+  constexpr bool RMS = ST::RMS, DH = LD::RES;
+  static_assert(Same<typename ST::Y, T>::value, "dy of x's dtype");
   static_assert(BLOCK % 32 == 0 && BLOCK <= 1024, "bad block");
   constexpr int UNROLL = 4;
   constexpr int STEP = BLOCK * VEC;

@@ -3,8 +3,9 @@
 //
 // ln_bwd_dwdb_cols takes CUPYLN_BWD_PARAMS (args.cuh) and reads dy, x, mean, rstd and
 // rows_per_slice; it writes one partial row of dw/db per slice of rows (also used by the jagged
-// backward, with each row's sequence statistics); RMS: mean 0, and db_part may be nullptr. ln_partial_reduce sums G partial rows of A in
-// a fixed order into dw and db: the same inputs give bitwise-identical results, no atomics.
+// backward, with each row's sequence statistics); a Store of RMS: mean 0, and db_part may be
+// nullptr. ln_partial_reduce sums G partial rows of A in a fixed order into dw and db: the same
+// inputs give bitwise-identical results, no atomics.
 #include "args.cuh"
 #include "common.cuh"
 
@@ -14,10 +15,11 @@ namespace cupyln {
 //   Block (32, 8): threadIdx.x picks a column of the tile, threadIdx.y strides over the rows of
 //   slice blockIdx.y (rows [blockIdx.y * rows_per_slice, +rows_per_slice)). The 8 partial sums
 //   are added in y order and the block writes row blockIdx.y of dw_part / db_part.
-template <typename T, bool RMS, typename TW = T>
+template <typename LD, typename ST>
 __global__ void __launch_bounds__(256, 1)
     ln_bwd_dwdb_cols(CUPYLN_BWD_PARAMS) {
-  typedef typename AccOf<T>::type A;
+  typedef typename LD::A A;
+  constexpr bool RMS = ST::RMS;
   release_dependents();
   const int col = blockIdx.x * 32 + threadIdx.x;
   const i64 r0 = static_cast<i64>(blockIdx.y) * rows_per_slice;

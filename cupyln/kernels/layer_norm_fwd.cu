@@ -4,10 +4,11 @@
 //
 // Parameters: CUPYLN_FWD_PARAMS (args.cuh), the same list for every kernel of this file.
 // Inputs : x [M, N] of T, row r at x + r * x_stride (last dim contiguous); w [N] of TW and
-//          b [N] of TB, each optional (nullptr = no scale / no shift).
-// Outputs: y [M, N] of T, contiguous; mean [M] and rstd [M] of A = AccOf<T> (float, or double
-//          for double input), rstd = 1 / sqrt(biased variance + eps); both nullptr: not
-//          stored (inference, where no backward needs them).
+//          b [N] of TB, each optional (nullptr = no scale / no shift). T is the Load's, TW and
+//          TB the Store's (policy.cuh).
+// Outputs: y [M, N] of the Store's TY, contiguous; mean [M] and rstd [M] of A = AccOf<T>
+//          (float, or double for double input), rstd = 1 / sqrt(biased variance + eps); both
+//          nullptr: not stored (inference, where no backward needs them).
 //
 // Statistics are exact two-pass from on-chip storage: the row is read from HBM once, its sum
 // gives the mean, the sum of squared deviations from that mean gives the variance (never
@@ -104,18 +105,17 @@ __device__ __forceinline__ void center(Pack<A, VEC> (&dst)[ITEMS], const S (&src
 //   The next row is not loaded ahead of the current row's reductions: registers for it cost
 //   more occupancy than the overlap gains (docs/tuning.md has this and the cp.async form).
 //   MINB: blocks per SM asked of ptxas (launch bounds), so registers do not cap occupancy.
-//   RMS: RMSNorm (args.cuh). TR, TH: with a residual (TR not void), the thread loads its packs
-//   of x and res, stores h = x + res (added in A, rounded to TH) and holds h's packs, which the
-//   passes read as they read x's: one read of x and res, one write of h and y.
+//   LD, ST: the Load and the Store (policy.cuh). A Load with a residual: the thread loads its
+//   packs of x and res, stores h = x + res and holds h's packs, which the passes read as they
+//   read x's: one read of x and res, one write of h and y.
 // Limits: N <= TPR * ITEMS * VEC, and WHOLE * TPR * VEC <= N; registers grow with ITEMS * VEC
 // (the plans keep it <= 64 values as loaded, 16 for double; centered, <= 128 bytes of A).
-template <typename T, typename TW, typename TB, int VEC, int ITEMS, int TPR, int BLOCK, int MINB,
-          bool CENTER, int WHOLE, bool RMS, typename TR, typename TH>
+template <typename LD, typename ST, int VEC, int ITEMS, int TPR, int BLOCK, int MINB, bool CENTER,
+          int WHOLE>
 __global__ void __launch_bounds__(BLOCK, sm_blocks(MINB))
     ln_fwd_reg(CUPYLN_FWD_PARAMS) {
-  typedef typename AccOf<T>::type A;
-  constexpr bool RES = !Same<TR, void>::value;
-  typedef typename choose_type<RES, TH, T>::type TI;  // what the row holds: h, or x
+  typedef typename LD::A A;
+  typedef typename LD::H TI;  // what the row holds: h, or x
   typedef Pack<TI, VEC> P;
   static_assert(TPR <= 32 ? (32 % TPR == 0 && BLOCK % 32 == 0) : TPR == BLOCK, "bad tiling");
   static_assert(BLOCK % 32 == 0 && BLOCK <= 1024, "bad block");
@@ -128,37 +128,17 @@ __global__ void __launch_bounds__(BLOCK, sm_blocks(MINB))
 
   // whether the thread holds slot i: the first WHOLE slots of every thread are inside the row
   auto held = [&](const int i) { return i < WHOLE || (i * TPR + lane) * VEC < N; };
+  auto col = [&](const int i) { return (i * TPR + lane) * VEC; };
+  const ElementsAt<VEC, TPR> at{lane};
 
   for (i64 row = static_cast<i64>(blockIdx.x) * ROWS + threadIdx.x / TPR; row < M; row += step) {
-    const T* __restrict__ xr = x + row * x_stride;
-    TI first;     // the shift
-    P raw[ITEMS];  // the row's elements as loaded (or as added)
-    if constexpr (RES) {
-      typedef typename choose_type<RES, TR, T>::type R;
-      const R* __restrict__ rr = static_cast<const R*>(res) + row * res_stride;
-      TI* __restrict__ hr = static_cast<TI*>(h) + row * N;
-      first = narrow<TI>(static_cast<A>(widen(xr[0])) + static_cast<A>(widen(rr[0])));
-      Pack<T, VEC> px[ITEMS];
-      Pack<R, VEC> pr[ITEMS];
-#pragma unroll
-      for (int i = 0; i < ITEMS; ++i) {
-        const int col = (i * TPR + lane) * VEC;
-        if (held(i)) {
-          px[i] = *reinterpret_cast<const Pack<T, VEC>*>(xr + col);
-          pr[i] = *reinterpret_cast<const Pack<R, VEC>*>(rr + col);
-        }
-      }
-#pragma unroll
-      for (int i = 0; i < ITEMS; ++i) {
-        if (held(i)) raw[i] = add_residual<A>(px[i], pr[i], hr + (i * TPR + lane) * VEC);
-      }
-    } else {
-      first = xr[0];
-#pragma unroll
-      for (int i = 0; i < ITEMS; ++i) {
-        if (held(i)) raw[i] = *reinterpret_cast<const P*>(xr + (i * TPR + lane) * VEC);
-      }
-    }
+    const typename LD::X* __restrict__ xr = x + row * x_stride;
+    const typename LD::R* __restrict__ rr =
+        static_cast<const typename LD::R*>(res) + row * res_stride;
+    TI* __restrict__ hr = static_cast<TI*>(h) + row * N;
+    const TI first = LD::first(xr, rr);  // the shift
+    P raw[ITEMS];                        // the row's elements as loaded (or as added)
+    LD::template gather<VEC, ITEMS>(xr, rr, hr, held, at, col, raw);
     // what the passes read: raw, or (CENTER) x - shift in A, then less the mean too (in raw
     // itself where T is A)
     constexpr bool COPY = CENTER && sizeof(TI) != sizeof(A);
@@ -179,18 +159,17 @@ __global__ void __launch_bounds__(BLOCK, sm_blocks(MINB))
       d = 0;
     }
     const A ss = held_squares(held_x, k, d, held);
-    const A r = rstd_of<RMS>(group_sum<TPR, false>(ss, red[1]) * inv_n, shift + mu, eps);
-    if (lane == 0) store_stats<RMS>(mean, rstd, row, shift + mu, r);
-    if constexpr (RMS) {  // y = x * rstd * w: the held values less -(shift + mu), or as loaded
+    const A r = ST::rstd(group_sum<TPR, false>(ss, red[1]) * inv_n, shift + mu, eps);
+    if (lane == 0) ST::stats(mean, rstd, row, shift + mu, r);
+    if constexpr (ST::RMS) {  // y = x * rstd * w: held values less -(shift + mu), or as loaded
       d = CENTER ? -(shift + mu) : A(0);
       k = 0;
     }
 
-    T* __restrict__ yr = y + row * N;
+    typename ST::Y* __restrict__ yr = y + row * N;
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
-      const int col = (i * TPR + lane) * VEC;
-      if (held(i)) normalize_store<T, TW, TB, A, VEC>(held_x[i], k, d, r, w, b, col, yr + col);
+      if (held(i)) ST::apply(held_x[i], k, d, r, w, b, col(i), yr + col(i));
     }
   }
 }
@@ -218,22 +197,22 @@ __global__ void __launch_bounds__(BLOCK, sm_blocks(MINB))
 //   row's statistics before this row's y instead (an exchange outstanding) lost: its loads then
 //   hold up this row's stores. The plans take LAG for float32 rows in blocks of FWD_LAG_BLOCK
 //   threads or more, rather than two rows a thread at a time (docs/tuning.md has both).
-//   RMS: RMSNorm (args.cuh). TR, TH: a residual add in front,
-//   as ln_fwd_reg's (each block adds, stores and holds its slice of h).
+//   LD, ST: as ln_fwd_reg's (with a residual, each block adds, stores and holds its slice of
+//   h).
 // Limits: ceil(P / C) <= ITEMS * BLOCK, and P >= C (every block gets packs). STAGE_WB: dynamic
 // shared memory of ITEMS * BLOCK * VEC * (sizeof(TW) + sizeof(TB)) bytes. LAG: 2 * ITEMS * VEC
 // registers of data a thread; not with a residual.
-template <typename T, typename TW, typename TB, int VEC, int ITEMS, int BLOCK, int C, int MINB,
-          bool STAGE_WB, bool LAG, bool RMS, typename TR, typename TH>
+template <typename LD, typename ST, int VEC, int ITEMS, int BLOCK, int C, int MINB, bool STAGE_WB,
+          bool LAG>
 __global__ void CUPYLN_CLUSTER(C) __launch_bounds__(BLOCK, sm_blocks(MINB))
     ln_fwd_reg_cluster(CUPYLN_FWD_PARAMS) {
-  typedef typename AccOf<T>::type A;
-  constexpr bool RES = !Same<TR, void>::value;
-  typedef typename choose_type<RES, TH, T>::type TI;  // what the slice holds: h, or x
-  typedef typename choose_type<RES, TR, T>::type R;
+  typedef typename LD::A A;
+  typedef typename ST::W TW;
+  typedef typename ST::B TB;
+  typedef typename LD::H TI;  // what the slice holds: h, or x
   typedef Pack<TI, VEC> P;
   static_assert(BLOCK % 32 == 0 && BLOCK > 32 && BLOCK <= 1024 && C <= 32, "bad block");
-  static_assert(!(RES && LAG), "a residual takes one register set");
+  static_assert(!(LD::RES && LAG), "a residual takes one register set");
   // LAG: exchanges through four slots, though a receive comes between any two sends and two
   // would hold them (docs/tuning.md, "Choices inside the kernels")
   constexpr int SLOTS = LAG ? 4 : 2;
@@ -244,7 +223,7 @@ __global__ void CUPYLN_CLUSTER(C) __launch_bounds__(BLOCK, sm_blocks(MINB))
   const unsigned rank = cluster_rank();
   const ColumnSlices<C, VEC> slices{N / VEC};
   const int lo = slices.start(rank), nv = slices.start(rank + 1) - lo;  // this block's slice
-  const bool stats = (RMS ? rstd : mean) != nullptr && rank == 0 && t == 0;
+  const bool stats = (ST::RMS ? rstd : mean) != nullptr && rank == 0 && t == 0;
   // where the rows read w and b: wr and br, the slice's first element at column base
   const TW* __restrict__ wr = w;
   const TB* __restrict__ br = b;
@@ -271,33 +250,16 @@ __global__ void CUPYLN_CLUSTER(C) __launch_bounds__(BLOCK, sm_blocks(MINB))
   P raw[SETS][ITEMS];
   A shift[SETS];
   auto held = [&](const int i) { return i * BLOCK + t < nv; };
+  auto col = [&](const int i) { return (i * BLOCK + t) * VEC; };
+  const PacksAt<VEC, BLOCK> at{t};
   auto load = [&](const int s, const i64 row) {
-    const T* __restrict__ xs = x + row * x_stride + static_cast<i64>(lo) * VEC;
-    TI first;
-    if constexpr (RES) {
-      const R* __restrict__ rs = static_cast<const R*>(res) + row * res_stride + lo * VEC;
-      TI* __restrict__ hs = static_cast<TI*>(h) + row * N + static_cast<i64>(lo) * VEC;
-      first = narrow<TI>(static_cast<A>(widen(xs[0])) + static_cast<A>(widen(rs[0])));
-      Pack<T, VEC> px[ITEMS];
-      Pack<R, VEC> pr[ITEMS];
-#pragma unroll
-      for (int i = 0; i < ITEMS; ++i) {
-        if (held(i)) {
-          px[i] = reinterpret_cast<const Pack<T, VEC>*>(xs)[i * BLOCK + t];
-          pr[i] = reinterpret_cast<const Pack<R, VEC>*>(rs)[i * BLOCK + t];
-        }
-      }
-#pragma unroll
-      for (int i = 0; i < ITEMS; ++i) {
-        if (held(i)) raw[s][i] = add_residual<A>(px[i], pr[i], hs + (i * BLOCK + t) * VEC);
-      }
-    } else {
-      first = xs[0];
-#pragma unroll
-      for (int i = 0; i < ITEMS; ++i) {
-        if (held(i)) raw[s][i] = reinterpret_cast<const P*>(xs)[i * BLOCK + t];
-      }
-    }
+    const i64 from = static_cast<i64>(lo) * VEC;  // the slice's first column
+    const typename LD::X* __restrict__ xs = x + row * x_stride + from;
+    const typename LD::R* __restrict__ rs =
+        static_cast<const typename LD::R*>(res) + row * res_stride + lo * VEC;
+    TI* __restrict__ hs = static_cast<TI*>(h) + row * N + from;
+    const TI first = LD::first(xs, rs);
+    LD::template gather<VEC, ITEMS>(xs, rs, hs, held, at, col, raw[s]);
     shift[s] = static_cast<A>(widen(first));
   };
   // the slice's statistics of set s, sent to the cluster (divisions once a row: a register
@@ -310,17 +272,14 @@ __global__ void CUPYLN_CLUSTER(C) __launch_bounds__(BLOCK, sm_blocks(MINB))
   // the cluster's statistics of set s's row, then its y
   auto finish = [&](const int s, const i64 row) {
     A off, rs;  // the row's mean minus this slice's shift, and its rstd
-    merge_slices<RMS>(exchange.receive(), slices, N, eps, shift[s], off, rs,
-                      stats ? mean + row : nullptr, stats || !RMS ? rstd + row : nullptr);
-    T* __restrict__ ys = y + row * N + static_cast<i64>(lo) * VEC;
+    merge_slices<ST::RMS>(exchange.receive(), slices, N, eps, shift[s], off, rs,
+                          stats ? mean + row : nullptr, stats || !ST::RMS ? rstd + row : nullptr);
+    typename ST::Y* __restrict__ ys = y + row * N + static_cast<i64>(lo) * VEC;
     if constexpr (STAGE_WB) wait_copies<0>(0);  // (copies pending only at the first row)
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
       const int v = i * BLOCK + t;
-      if (held(i)) {
-        normalize_store<T, TW, TB, A, VEC>(raw[s][i], shift[s], off, rs, wr, br, base + v * VEC,
-                                           ys + v * VEC);
-      }
+      if (held(i)) ST::apply(raw[s][i], shift[s], off, rs, wr, br, base + v * VEC, ys + v * VEC);
     }
   };
 

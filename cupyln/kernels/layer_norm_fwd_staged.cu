@@ -15,13 +15,16 @@
 namespace cupyln {
 
 // Tier "ring": rows of x [M, N] through the staging rings of ring_forward.cuh, each row a
-// sequence of one row, group q of the G groups taking rows [q*M/G, (q+1)*M/G). The dynamic shared memory is split evenly into
-// the BLOCK/GROUP groups' rings; each must hold a row (the host's plan sees to it).
-template <typename T, typename TW, typename TB, int VEC, int BLOCK, int GROUP>
-__global__ void __launch_bounds__(BLOCK, RingBlocks<T, BLOCK>::value)
+// sequence of one row, group q of the G groups taking rows [q*M/G, (q+1)*M/G). The dynamic
+// shared memory is split evenly into the BLOCK/GROUP groups' rings; each must hold a row (the
+// host's plan sees to it). LayerNorm only, of x alone (a Load without a residual).
+template <typename LD, typename ST, int VEC, int BLOCK, int GROUP>
+__global__ void __launch_bounds__(BLOCK, RingBlocks<typename LD::X, BLOCK>::value)
     ln_fwd_ring(CUPYLN_FWD_PARAMS) {
-  typedef typename AccOf<T>::type A;
+  typedef typename LD::X T;
+  typedef typename LD::A A;
   typedef Pack<T, VEC> P;
+  static_assert(!LD::RES && !ST::RMS, "LayerNorm of x alone");
   extern __shared__ __align__(16) unsigned char smem_raw[];
   __shared__ A red[2 * (BLOCK / 32)];
   unsigned smem_bytes;
@@ -31,7 +34,7 @@ __global__ void __launch_bounds__(BLOCK, RingBlocks<T, BLOCK>::value)
   const i64 G = static_cast<i64>(gridDim.x) * GROUPS;
   const i64 g = static_cast<i64>(blockIdx.x) * GROUPS + threadIdx.x / GROUP;
   P* slots = reinterpret_cast<P*>(smem_raw) + (threadIdx.x / GROUP) * ring;
-  ring_forward<T, TW, TB, DenseRows, VEC, BLOCK, GROUP>(
+  ring_forward<T, typename ST::Y, typename ST::W, typename ST::B, DenseRows, VEC, BLOCK, GROUP>(
       x, x_stride, static_cast<const DenseRows*>(nullptr), g * M / G, (g + 1) * M / G, N, y, w,
       b, mean, rstd, eps, static_cast<i64>(N), slots, ring, 0, nullptr, red);
 }
@@ -43,12 +46,14 @@ __global__ void __launch_bounds__(BLOCK, RingBlocks<T, BLOCK>::value)
 //   there, so HBM sees one read of x; each thread reads back only what it wrote, so the staging
 //   needs no barrier. Without STAGE (rows past the shared-memory limit) the later passes read x
 //   again from global memory: a slower path, never a wrong one.
-//   RMS: RMSNorm (args.cuh).
+//   Of x alone (a Load without a residual: the plans add it first, ln_fwd_add).
 // Limits: any N < 2^31 - UNROLL * BLOCK * VEC.
-template <typename T, typename TW, typename TB, int VEC, int BLOCK, bool STAGE, bool RMS>
+template <typename LD, typename ST, int VEC, int BLOCK, bool STAGE>
 __global__ void __launch_bounds__(BLOCK, 1)
     ln_fwd_row(CUPYLN_FWD_PARAMS) {
-  typedef typename AccOf<T>::type A;
+  typedef typename LD::X T;
+  typedef typename LD::A A;
+  static_assert(!LD::RES, "x alone");
   static_assert(BLOCK % 32 == 0 && BLOCK <= 1024, "bad block");
   typedef Pack<T, VEC> P;
   constexpr int UNROLL = 4;
@@ -79,14 +84,14 @@ __global__ void __launch_bounds__(BLOCK, 1)
         ss += d * d;
       }
     });
-    const A r = rstd_of<RMS>(group_sum<BLOCK, false>(ss, red[1]) * inv_n, shift + mu, eps);
-    if (threadIdx.x == 0) store_stats<RMS>(mean, rstd, row, shift + mu, r);
+    const A r = ST::rstd(group_sum<BLOCK, false>(ss, red[1]) * inv_n, shift + mu, eps);
+    if (threadIdx.x == 0) ST::stats(mean, rstd, row, shift + mu, r);
 
-    T* __restrict__ yr = y + row * N;
-    const A k = RMS ? A(0) : shift, m = RMS ? A(0) : mu;  // y of x - k - m
+    typename ST::Y* __restrict__ yr = y + row * N;
+    const A k = ST::RMS ? A(0) : shift, m = ST::RMS ? A(0) : mu;  // y of x - k - m
     walk_vectors<T, VEC, BLOCK, UNROLL>(src, nv, threadIdx.x, [&](const i64 v, const P& pk) {
       const int col = static_cast<int>(v) * VEC;
-      normalize_store<T, TW, TB, A, VEC>(pk, k, m, r, w, b, col, yr + col);
+      ST::apply(pk, k, m, r, w, b, col, yr + col);
     });
   }
 }
@@ -101,12 +106,14 @@ __global__ void __launch_bounds__(BLOCK, 1)
 //   exchange (k_p, d_p, m2_p) through distributed shared memory (cluster.cuh) and each merges
 //   them in rank order (Chan et al.'s pairwise update, offsets taken against block 0's shift),
 //   so every block gets bitwise the same mean and rstd without E[x^2] - E[x]^2. Then each
-//   writes y for its slice; block 0 writes mean and rstd. RMS: RMSNorm (args.cuh).
+//   writes y for its slice; block 0 writes mean and rstd. Of x alone (as ln_fwd_row).
 // Limits: one row's slice fits the ring (the host sizes the ring to a third of the SM).
-template <typename T, typename TW, typename TB, int VEC, int BLOCK, int C, bool RMS>
+template <typename LD, typename ST, int VEC, int BLOCK, int C>
 __global__ void CUPYLN_CLUSTER(C) __launch_bounds__(BLOCK, 1)
     ln_fwd_cluster(CUPYLN_FWD_PARAMS) {
-  typedef typename AccOf<T>::type A;
+  typedef typename LD::X T;
+  typedef typename LD::A A;
+  static_assert(!LD::RES, "x alone");
   typedef Pack<T, VEC> P;
   static_assert(BLOCK % 32 == 0 && BLOCK <= 1024 && C <= 32, "bad block");
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -123,7 +130,7 @@ __global__ void CUPYLN_CLUSTER(C) __launch_bounds__(BLOCK, 1)
   const A inv_nv = A(1) / A(nv * VEC);
   const i64 row_begin = static_cast<i64>(q) * M / nq;
   const i64 row_end = static_cast<i64>(q + 1) * M / nq;
-  const bool stats = (RMS ? rstd : mean) != nullptr && rank == 0 && t == 0;
+  const bool stats = (ST::RMS ? rstd : mean) != nullptr && rank == 0 && t == 0;
   exchange.start();
 
   i64 next = row_begin;  // the next row to stage
@@ -154,12 +161,11 @@ __global__ void CUPYLN_CLUSTER(C) __launch_bounds__(BLOCK, 1)
     exchange.send({k, d, group_sum<BLOCK, false>(ss, red[1])});
 
     A off, rs;  // the row's mean minus this slice's shift, and its rstd
-    merge_slices<RMS>(exchange.receive(), slices, N, eps, k, off, rs,
-                      stats ? mean + row : nullptr, stats || !RMS ? rstd + row : nullptr);
-    T* __restrict__ yr = y + row * N + lo * VEC;
+    merge_slices<ST::RMS>(exchange.receive(), slices, N, eps, k, off, rs,
+                          stats ? mean + row : nullptr, stats || !ST::RMS ? rstd + row : nullptr);
+    typename ST::Y* __restrict__ yr = y + row * N + lo * VEC;
     for (int v = t, i = r.wrap(r.head + t); v < nv; v += BLOCK, i = r.wrap(i + BLOCK)) {
-      normalize_store<T, TW, TB, A, VEC>(r.slot[i], k, off, rs, w, b, (lo + v) * VEC,
-                                         yr + v * VEC);
+      ST::apply(r.slot[i], k, off, rs, w, b, (lo + v) * VEC, yr + v * VEC);
     }
     r.release(nv);
     __syncthreads();  // every thread is done with the row's slots before they are reused
@@ -167,27 +173,24 @@ __global__ void CUPYLN_CLUSTER(C) __launch_bounds__(BLOCK, 1)
 }
 
 // The residual add on its own, for the tiers that do not fuse it (cupyln/_plans/forward.py
-// says which): h = x + res (TR not void) or h = x (a cast), added in A and rounded to TH, for
-// rows of N at x_stride and res_stride into h [M, N] contiguous; the other parameters are not
-// read. A grid-stride walk over the M * N / VEC packs, 256 threads a block.
-template <typename T, typename TR, typename TH, int VEC, typename TW = T, typename TB = T>
+// says which): the Load's h = x + res, added in A and rounded to TH, for rows of N at x_stride
+// and res_stride into h [M, N] contiguous; the other parameters are not read. A grid-stride
+// walk over the M * N / VEC packs, 256 threads a block.
+template <typename LD, int VEC, typename ST = NoStore<LD>>
 __global__ void __launch_bounds__(256)
     ln_fwd_add(CUPYLN_FWD_PARAMS) {
-  typedef typename AccOf<T>::type A;
-  typedef typename choose_type<Same<TR, void>::value, T, TR>::type R;
+  typedef typename LD::X T;
+  typedef typename LD::A A;
+  typedef typename LD::R R;
+  typedef typename LD::H TH;
+  static_assert(LD::RES, "a residual");
   const i64 nv = N / VEC, total = M * nv;
   for (i64 i = static_cast<i64>(blockIdx.x) * 256 + threadIdx.x; i < total;
        i += static_cast<i64>(gridDim.x) * 256) {
     const i64 row = i / nv, col = (i - row * nv) * VEC;
     const Pack<T, VEC> px = *reinterpret_cast<const Pack<T, VEC>*>(x + row * x_stride + col);
-    Pack<R, VEC> pr;
-    if constexpr (Same<TR, void>::value) {
-#pragma unroll
-      for (int e = 0; e < VEC; ++e) pr.v[e] = narrow<R>(A(0));
-    } else {
-      pr = *reinterpret_cast<const Pack<R, VEC>*>(static_cast<const R*>(res) + row * res_stride +
-                                                  col);
-    }
+    const Pack<R, VEC> pr =
+        *reinterpret_cast<const Pack<R, VEC>*>(static_cast<const R*>(res) + row * res_stride + col);
     add_residual<A>(px, pr, static_cast<TH*>(h) + row * N + col);
   }
 }

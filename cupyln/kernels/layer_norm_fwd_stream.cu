@@ -50,8 +50,8 @@ __device__ __forceinline__ P load_own(const P* p, const unsigned long long polic
 //   volatile (load_hinted): pass 2 reads memory again. Each thread stores only
 //   packs it has read itself, after every thread of its row has read the shift (the row's sums,
 //   barriers or warp shuffles, come between), so y may be x.
-//   HAS_W / HAS_B: w / b given (non-null); compile-time flags, as a run-time test of each
-//   pointer inside pass 2 made ptxas spill at 3 and 4 packs.
+//   The Store's TW / TB is void where w / b is not given: known when compiling, as a run-time
+//   test of each pointer inside pass 2 made ptxas spill at 3 and 4 packs.
 //   ROLL: pass 2 is a loop, not unrolled (the plans say where: rows of 64-128 threads of 2
 //   packs). Rolled, no shape spills; unrolled, ptxas interleaves a pack's y with the next
 //   pack's loads and some shapes spill, but rolled lost on wider rows: the spills do not decide.
@@ -65,18 +65,22 @@ __device__ __forceinline__ P load_own(const P* p, const unsigned long long polic
 //   thread holds its first pack): a thread skips its packs past the row, and the row's threads
 //   merge their states weighted by their counts (rows of 64 threads, FWD_STREAM_PARTIAL and
 //   FWD_STREAM_FILL in the plans).
-//   RMS: RMSNorm (args.cuh). RES: a residual of T (TR = TH = T): pass 1 loads the packs of x
+//   A Load with a residual (of T, h of T: TR = TH = T): pass 1 loads the packs of x
 //   and res, stores h = x + res (rounded to T) and forms the statistics of h; pass 2 reads h
 //   back (its own stores, through the coherent path) in place of x.
 // Limits: 16-byte packs; N == NCH * TPR * VEC, or PARTIAL and (NCH - 1) * TPR < N / VEC <=
 // NCH * TPR; TPR == BLOCK, or TPR <= 32 dividing BLOCK; ceil(M / (BLOCK / TPR)) blocks, a row
 // a block or a group of rows, M < 2**31.
-template <typename T, typename TW, typename TB, int VEC, int TPR, int BLOCK, int NCH, int MINB,
-          bool PARTIAL, bool ROLL, bool COHERENT_WB, bool HAS_W, bool HAS_B, bool RMS, bool RES>
+template <typename LD, typename ST, int VEC, int TPR, int BLOCK, int NCH, int MINB, bool PARTIAL,
+          bool ROLL, bool COHERENT_WB>
 __global__ void __launch_bounds__(BLOCK, MINB)
     ln_fwd_stream(CUPYLN_FWD_PARAMS) {
-  typedef typename AccOf<T>::type A;
+  typedef typename LD::X T;
+  typedef typename LD::A A;
   typedef Pack<T, VEC> P;
+  constexpr bool RES = LD::RES;
+  static_assert(!RES || (Same<typename LD::R, T>::value && Same<typename LD::H, T>::value),
+                "a residual of x's dtype");
   static_assert(sizeof(P) == 16 && BLOCK % 32 == 0 && BLOCK <= 1024 && NCH >= 1, "bad tiling");
   static_assert(TPR == BLOCK || (TPR <= 32 && BLOCK % TPR == 0), "a row a block or a warp");
   const int NR = PARTIAL ? N : NCH * TPR * VEC;  // N
@@ -150,11 +154,11 @@ __global__ void __launch_bounds__(BLOCK, MINB)
     const A dm = mu - mr;
     ss = group_sum<TPR, false>(m2 + A(NCH * VEC) * dm * dm, red[1]);
   }
-  const A r = rstd_of<RMS>(ss * (A(1) / A(NR)), k + mr, eps);
-  const A off = RMS ? A(0) : k + mr;  // y of x - off
-  if (t == 0) store_stats<RMS>(mean, rstd, row, k + mr, r);
+  const A r = ST::rstd(ss * (A(1) / A(NR)), k + mr, eps);
+  const A off = ST::RMS ? A(0) : k + mr;  // y of x - off
+  if (t == 0) ST::stats(mean, rstd, row, k + mr, r);
 
-  T* __restrict__ yr = y + row * NR;
+  typename ST::Y* __restrict__ yr = y + row * NR;
   const unsigned long long drop = l2_policy<false>();
   // x (or h) read for the last time: past L1 (written out at each use: a lambda around the
   // two loads changed ptxas's allocation of the LayerNorm rows, which spilled)
@@ -176,17 +180,19 @@ __global__ void __launch_bounds__(BLOCK, MINB)
     A o[VEC];
 #pragma unroll
     for (int e = 0; e < VEC; ++e) o[e] = (widen_at<A>(cur, e) - off) * r;
-    if constexpr (HAS_W) {
-      const auto pw = load_read_only<COHERENT_WB>(reinterpret_cast<const Pack<TW, VEC>*>(w + col));
+    if constexpr (ST::HAS_W) {
+      typedef Pack<typename ST::W, VEC> PW;
+      const auto pw = load_read_only<COHERENT_WB>(reinterpret_cast<const PW*>(w + col));
 #pragma unroll
       for (int e = 0; e < VEC; ++e) o[e] *= widen_at<A>(pw, e);
     }
-    if constexpr (HAS_B) {
-      const auto pb = load_read_only<COHERENT_WB>(reinterpret_cast<const Pack<TB, VEC>*>(b + col));
+    if constexpr (ST::HAS_B) {
+      typedef Pack<typename ST::B, VEC> PB;
+      const auto pb = load_read_only<COHERENT_WB>(reinterpret_cast<const PB*>(b + col));
 #pragma unroll
       for (int e = 0; e < VEC; ++e) o[e] += widen_at<A>(pb, e);
     }
-    store_pack<T, A, VEC>(yr + col, o);
+    store_pack<typename ST::Y, A, VEC>(yr + col, o);
     if (j + 1 < NCH) cur = next;
   }
 }

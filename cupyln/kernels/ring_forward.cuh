@@ -80,12 +80,12 @@ __device__ __forceinline__ A sq_dev_vectors(const T* __restrict__ p, const i64 n
 }
 
 // y = ((x - k) - mu) * rs * w + b for one pack pk of x (the columns col.next() gives, when w
-// or b is present), stored at dst. M is the type of k and mu: A with the share's shift, or
-// double (k = 0, mu the exact mean) where no shift is at hand.
-template <typename T, typename TW, typename TB, typename A, typename M, int VEC>
+// or b is present), stored at dst of TY. M is the type of k and mu: A with the share's shift,
+// or double (k = 0, mu the exact mean) where no shift is at hand.
+template <typename T, typename TY, typename TW, typename TB, typename A, typename M, int VEC>
 __device__ __forceinline__ void apply_pack(const Pack<T, VEC>& pk, ColumnWalk& col, const M k0,
                                            const M mu, const A rs, const TW* __restrict__ w,
-                                           const TB* __restrict__ b, T* __restrict__ dst) {
+                                           const TB* __restrict__ b, TY* __restrict__ dst) {
   A wv[VEC], bv[VEC], out[VEC];
   if (w != nullptr || b != nullptr) {
     const int c = col.next() * VEC;
@@ -100,19 +100,20 @@ __device__ __forceinline__ void apply_pack(const Pack<T, VEC>& pk, ColumnWalk& c
     const M xk = static_cast<M>(widen_at<A>(pk, k));
     out[k] = static_cast<A>((xk - k0) - mu) * rs * wv[k] + bv[k];
   }
-  store_pack<T, A, VEC>(dst, out);
+  store_pack<TY, A, VEC>(dst, out);
 }
 
 // apply_pack over the nv vectors at src (row-major, D columns, starting at a row start),
 // written at dst, by thread t of a group of S.
-template <typename T, typename TW, typename TB, typename A, typename M, int VEC, int S>
-__device__ __forceinline__ void apply_vectors(const T* __restrict__ src, T* __restrict__ dst,
+template <typename T, typename TY, typename TW, typename TB, typename A, typename M, int VEC, int S>
+__device__ __forceinline__ void apply_vectors(const T* __restrict__ src, TY* __restrict__ dst,
                                               const i64 nv, const int D, const M k0, const M mu,
                                               const A rs, const TW* __restrict__ w,
                                               const TB* __restrict__ b, const int t) {
   ColumnWalk col(t, S, D / VEC);
   for (i64 v = t; v < nv; v += S) {
-    apply_pack<T, TW, TB, A, M, VEC>(ld<T, VEC>(src, v), col, k0, mu, rs, w, b, dst + v * VEC);
+    apply_pack<T, TY, TW, TB, A, M, VEC>(ld<T, VEC>(src, v), col, k0, mu, rs, w, b,
+                                         dst + v * VEC);
   }
 }
 
@@ -134,11 +135,12 @@ __device__ __forceinline__ i64 seq_start(const DenseRows*, const i64 s) { return
 // The ring forward of one group over its sequences [s_begin, s_end): sequence s is rows
 // [seq_start(s), seq_start(s + 1)) of x (row i at x + i * x_pitch; a sequence of several rows
 // needs x_pitch == D) and of y (contiguous). The group's ring is `ring` packs at slots.
-// mean/rstd may be null (not stored).
-template <typename T, typename TW, typename TB, typename I, int VEC, int BLOCK, int GROUP>
+// mean/rstd may be null (not stored). y is of TY.
+template <typename T, typename TY, typename TW, typename TB, typename I, int VEC, int BLOCK,
+          int GROUP>
 __device__ __forceinline__ void ring_forward(
     const T* __restrict__ x, const i64 x_pitch, const I* __restrict__ off, const i64 s_begin,
-    const i64 s_end, const int D, T* __restrict__ y, const TW* __restrict__ w,
+    const i64 s_end, const int D, TY* __restrict__ y, const TW* __restrict__ w,
     const TB* __restrict__ b, typename AccOf<T>::type* __restrict__ mean,
     typename AccOf<T>::type* __restrict__ rstd, const typename AccOf<T>::type eps,
     const i64 cap, Pack<T, VEC>* slots, const int ring, const int long_path,
@@ -170,7 +172,8 @@ __device__ __forceinline__ void ring_forward(
         mean[s] = k0 + mu;
         rstd[s] = rs;
       }
-      apply_vectors<T, TW, TB, A, A, VEC, GROUP>(p, y + r0 * D, nv, D, k0, mu, rs, w, b, lane);
+      apply_vectors<T, TY, TW, TB, A, A, VEC, GROUP>(p, y + r0 * D, nv, D, k0, mu, rs, w, b,
+                                                     lane);
       continue;
     }
     if (cnt == 0) {
@@ -220,11 +223,11 @@ __device__ __forceinline__ void ring_forward(
       rstd[s] = rs;
     }
     // pass 3: y = ((x - mu0) - md) * rs * w + b
-    T* dst = y + r0 * D;
+    TY* dst = y + r0 * D;
     ColumnWalk col(lane, GROUP, D / VEC);
     for (int v = lane, i = r.wrap(r.head + lane); v < nv; v += GROUP, i = r.wrap(i + GROUP)) {
-      apply_pack<T, TW, TB, A, A, VEC>(r.slot[i], col, mu0, md, rs, w, b,
-                                       dst + static_cast<i64>(v) * VEC);
+      apply_pack<T, TY, TW, TB, A, A, VEC>(r.slot[i], col, mu0, md, rs, w, b,
+                                           dst + static_cast<i64>(v) * VEC);
     }
     r.release(nv);
     group_sync<GROUP, BLOCK>();  // every thread is done with s's slots before they are reused

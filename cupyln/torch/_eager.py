@@ -9,7 +9,7 @@ import torch
 
 from .. import _checks
 from ._glue import _acc, _backward_into, _check, _forward_into, _shapes
-from ._ops import _BWD, _FWD, _bwd_impl, _fwd_impl, backward, needs_grad, setup
+from ._ops import _BWD, _FWD, _bwd_impl, _fwd_impl, backward, fwd_args, needs_grad, setup
 
 
 def eager() -> bool:
@@ -102,9 +102,9 @@ class _Norm(torch.autograd.Function):
     """norm_fwd's forward and backward for eager calls, without the dispatcher's round trips."""
 
     @staticmethod
-    def forward(ctx, x, residual, weight, bias, eps, rms, residual_dtype, weight_offset):
-        out = _fwd_impl(x, residual, weight, bias, eps, rms, residual_dtype, weight_offset)
-        setup(ctx, (x, residual, weight, bias, eps, rms, residual_dtype, weight_offset), out)
+    def forward(ctx, *args):
+        out = _fwd_impl(*args)
+        setup(ctx, args, out)
         return out
 
     @staticmethod
@@ -113,18 +113,16 @@ class _Norm(torch.autograd.Function):
         return backward(ctx, dy, dh, _BWD if torch.is_grad_enabled() else _bwd_impl)
 
 
-def norm(x, residual, weight, bias, eps, normalized_shape, *, rms, residual_dtype, weight_offset):
+def norm(x, residual, weight, bias, eps, normalized_shape, *, rms, weight_offset, **options):
     """(y, h) of a family member over the trailing ``normalized_shape`` of x (flattened to one
-    width), by the op under torch.compile and functorch, by _Norm otherwise."""
+    width), by the op under torch.compile and functorch, by _Norm otherwise. ``options``:
+    norm_fwd's keyword arguments (``fwd_args``)."""
     _check(x, "input")
     for t, name in ((residual, "residual"), (weight, "weight"), (bias, "bias")):
         if t is not None:
             _check(t, name, x)
     shape = _shapes(x, normalized_shape, weight, bias, residual)
     k = len(shape)
-    if residual_dtype is not None and not isinstance(residual_dtype, torch.dtype):
-        raise TypeError(f"residual_dtype must be a torch.dtype or None; got "
-                        f"{type(residual_dtype).__name__}")  # fmt: skip
     offset = _checks.weight_offset(weight_offset, weight is not None)
     n = math.prod(shape)
     if k > 1:
@@ -132,7 +130,7 @@ def norm(x, residual, weight, bias, eps, normalized_shape, *, rms, residual_dtyp
         residual = None if residual is None else residual.reshape(x.shape)
         weight = None if weight is None else weight.reshape(n)
         bias = None if bias is None else bias.reshape(n)
-    args = (x, residual, weight, bias, eps, rms, residual_dtype, offset)
+    args = fwd_args(x, residual, weight, bias, eps, rms, weight_offset=offset, **options)
     if not eager():
         y, _, _, h = _FWD(*args)
     elif needs_grad(x, residual, weight, bias):

@@ -74,9 +74,26 @@ def _fwd_impl(x, residual, weight, bias, eps: float, rms: bool, residual_dtype,
         ptrs = (x2.data_ptr(), y.data_ptr(), _ptr(w), _ptr(b), 0 if rms else mean.data_ptr(),
                 rstd.data_ptr(), _ptr(r2), _ptr(h) if hdt is not None else 0)  # fmt: skip
         index = x.get_device()
-        _on_device(index, _launcher.launch_forward, p, ptrs, eps, _stream(index),
-                   _workspace(index))  # fmt: skip
+        _on_device(index, _launcher.launch_forward, p, ptrs, eps, _stream(index))
     return y, mean, rstd, h
+
+
+# norm_fwd's arguments after (x, residual, weight, bias, eps, rms), in its schema's order, and
+# their defaults: a new option of the norms is a new entry here and in the schema.
+FWD_OPTIONS = {"residual_dtype": None, "weight_offset": 0.0}
+
+
+def fwd_args(x, residual, weight, bias, eps, rms, **options) -> tuple:
+    """norm_fwd's arguments, its options by name (checked: the ``*_dtype`` ones torch dtypes
+    or None), those left out at their defaults."""
+    unknown = options.keys() - FWD_OPTIONS.keys()
+    if unknown:
+        raise TypeError(f"unexpected keyword arguments {sorted(unknown)}")
+    for name, value in options.items():
+        if name.endswith("_dtype") and value is not None and not isinstance(value, torch.dtype):
+            raise TypeError(f"{name} must be a torch.dtype or None; got {type(value).__name__}")
+    rest = tuple(options.get(k, d) for k, d in FWD_OPTIONS.items())
+    return (x, residual, weight, bias, eps, rms) + rest
 
 
 def _fwd_fake(x, residual, weight, bias, eps, rms, residual_dtype, weight_offset):
@@ -208,8 +225,9 @@ def _grads(ctx, dx, dw, db):
 def setup(ctx, inputs, output) -> None:
     """What the backward of norm_fwd keeps: the normalized input (h with a residual), the
     weight, the statistics, and the inputs' dtypes."""
-    x, residual, weight, bias, _eps, rms, _rdt, offset = inputs
+    x, residual, weight, bias, _eps, rms, _rdt, offset, *_ = inputs
     _y, mean, rstd, h = output
+    ctx.options = len(inputs) - 4  # the arguments after the four tensors
     ctx.save_for_backward(h if residual is not None else x, weight, mean, rstd)
     ctx.rms, ctx.offset, ctx.has_residual = rms, offset, residual is not None
     ctx.dtypes = (x.dtype, None if residual is None else residual.dtype, None,
@@ -218,11 +236,12 @@ def setup(ctx, inputs, output) -> None:
 
 
 def backward(ctx, dy, dh, bwd) -> tuple:
-    """The gradients of norm_fwd's 8 inputs through ``bwd`` (the op, or its implementation
+    """The gradients of norm_fwd's inputs through ``bwd`` (the op, or its implementation
     where no graph is recorded)."""
     src, weight, mean, rstd = ctx.saved_tensors
     dh = dh if ctx.has_residual else None
-    return _grads(ctx, *bwd(dy, dh, src, weight, mean, rstd, ctx.rms, ctx.offset)) + (None,) * 4
+    grads = bwd(dy, dh, src, weight, mean, rstd, ctx.rms, ctx.offset)
+    return _grads(ctx, *grads) + (None,) * ctx.options
 
 
 class _FwdOp(torch.autograd.Function):
