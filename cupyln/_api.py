@@ -143,6 +143,7 @@ def forward(
     residual: ndarray | None = None,
     residual_dtype=None,
     weight_offset: float = 0.0,
+    out_dtype=None,
     out: tuple | None = None,
 ) -> tuple:
     """LayerNorm over the last dimension of ``x``.
@@ -155,15 +156,18 @@ def forward(
         residual: optional array of x's shape: h = x + residual (added in float32, stored in
             ``residual_dtype``, default residual's dtype) is normalized and returned too.
         weight_offset: the scale is w + weight_offset (Gemma's 1 + w); dw is unchanged by it.
+        out_dtype: y's dtype, of x's precision (default x's): float32 rows in, bfloat16 y out
+            for the next GEMM, in the same pass.
         out: optional (y, mean, rstd) preallocated outputs (C-contiguous; entries may be None),
             sharing no memory with the inputs, but y may be x itself (in place).
 
     Returns:
-        (y, mean, rstd): y of x's shape and dtype; mean and rstd of shape x.shape[:-1], float32
-        (float64 for float64 x), rstd = 1 / sqrt(var + eps). Without ``out``, the three share
-        one allocation. With a residual: (y, mean, rstd, h).
+        (y, mean, rstd): y of x's shape and dtype (or ``out_dtype``); mean and rstd of shape
+        x.shape[:-1], float32 (float64 for float64 x), rstd = 1 / sqrt(var + eps). Without
+        ``out``, the three share one allocation. With a residual: (y, mean, rstd, h).
     """
-    if residual is None and residual_dtype is None and out is None and _zero(weight_offset):
+    plain = residual is None and residual_dtype is None and out is None and out_dtype is None
+    if plain and _zero(weight_offset):
         got = _forward_cached(False, x, w, b, eps)
         if got is not None:
             return got
@@ -176,6 +180,7 @@ def forward(
         residual=residual,
         residual_dtype=residual_dtype,
         weight_offset=weight_offset,
+        out_dtype=out_dtype,
         out=out,
     )
 
@@ -188,6 +193,7 @@ def rms_forward(
     residual: ndarray | None = None,
     residual_dtype=None,
     weight_offset: float = 0.0,
+    out_dtype=None,
     out: tuple | None = None,
 ) -> tuple:
     """RMSNorm over the last dimension of ``x``: y = x * rstd * (w + weight_offset), rstd =
@@ -199,7 +205,8 @@ def rms_forward(
         (y, rstd); with a ``residual``, (y, rstd, h): h = x + residual, added in float32 and
         stored in ``residual_dtype`` (default residual's dtype), is what is normalized.
     """
-    if residual is None and residual_dtype is None and out is None and _zero(weight_offset):
+    plain = residual is None and residual_dtype is None and out is None and out_dtype is None
+    if plain and _zero(weight_offset):
         got = _forward_cached(True, x, w, None, eps)
         if got is not None:
             return got
@@ -212,6 +219,7 @@ def rms_forward(
         residual=residual,
         residual_dtype=residual_dtype,
         weight_offset=weight_offset,
+        out_dtype=out_dtype,
         out=out,
     )
 
@@ -248,7 +256,8 @@ def _forward_cached(rms: bool, x, w, b, eps):
     return y, nd(call.lead, stat_dtype, mem + stats[0]), nd(call.lead, stat_dtype, mem + stats[1])
 
 
-def _forward_checked(x, w, b, eps, *, rms, residual, residual_dtype, weight_offset, out):
+def _forward_checked(x, w, b, eps, *, rms, residual, residual_dtype, weight_offset, out_dtype,
+                     out):  # fmt: skip
     """Every dense forward after its checks: the outputs (y, mean, rstd) or (y, rstd), h
     appended with a residual."""
     n = _checks.input_array(x)
@@ -257,6 +266,7 @@ def _forward_checked(x, w, b, eps, *, rms, residual, residual_dtype, weight_offs
     _checks.vector_array(b, "b", n, dev)
     eps = _checks.eps(eps)
     offset = _checks.weight_offset(weight_offset, w is not None)
+    y_dtype = _checks.out_dtype(out_dtype, x.dtype)
     acc = acc_dtype(x.dtype)
     h_dtype = None
     if residual is not None:
@@ -266,7 +276,7 @@ def _forward_checked(x, w, b, eps, *, rms, residual, residual_dtype, weight_offs
         raise ValueError("residual_dtype needs a residual; got residual=None")
     lead = x.shape[:-1]
     names = ("y", "rstd") if rms else ("y", "mean", "rstd")
-    specs = ((x.shape, x.dtype),) + ((lead, acc),) * (len(names) - 1)
+    specs = ((x.shape, y_dtype or x.dtype),) + ((lead, acc),) * (len(names) - 1)
     inputs = (("x", x), ("w", w), ("b", b), ("residual", residual))
     outs = _checks.outputs(out, names, specs, dev, inputs, ("y", "x"))
     m = math.prod(lead)
@@ -288,8 +298,8 @@ def _forward_checked(x, w, b, eps, *, rms, residual, residual_dtype, weight_offs
         p = Problem(m, n, x.dtype, None if scale is None else scale.dtype,
                     None if b2 is None else b2.dtype, rms,
                     None if h is None else (residual.dtype, h_dtype), x_stride=stride,
-                    r_stride=r_stride)  # fmt: skip
-        plain = h is None and not offset and offsets is not None
+                    r_stride=r_stride, y_dtype=y_dtype)  # fmt: skip
+        plain = h is None and not offset and y_dtype is None and offsets is not None
         calls = _forward_calls[rms]
         if plain and x2 is x and scale is w and b2 is b and len(calls) < _MAX_CALLS:
             k, grid, block, smem, vec, _ = _launcher.forward_launch_at(dev, p, x.data.ptr & 15)
@@ -310,16 +320,22 @@ def layer_norm(
     eps: float = 1e-5,
     *,
     weight_offset: float = 0.0,
+    out_dtype=None,
 ) -> ndarray:
     """``forward(x, w, b, eps)[0]``: the normalized array only."""
-    return forward(x, w, b, eps, weight_offset=weight_offset)[0]
+    return forward(x, w, b, eps, weight_offset=weight_offset, out_dtype=out_dtype)[0]
 
 
 def rms_norm(
-    x: ndarray, w: ndarray | None = None, eps: float = 1e-6, *, weight_offset: float = 0.0
+    x: ndarray,
+    w: ndarray | None = None,
+    eps: float = 1e-6,
+    *,
+    weight_offset: float = 0.0,
+    out_dtype=None,
 ) -> ndarray:
     """``rms_forward(x, w, eps)[0]``: the normalized array only."""
-    return rms_forward(x, w, eps, weight_offset=weight_offset)[0]
+    return rms_forward(x, w, eps, weight_offset=weight_offset, out_dtype=out_dtype)[0]
 
 
 # ------------------------------------------------------------------------------ backward

@@ -108,6 +108,15 @@ def weight_offset(value, has_weight: bool = True) -> float:
     return value
 
 
+def out_dtype(value, x_dtype) -> numpy.dtype | None:
+    """y's dtype where ``out_dtype`` asks for one other than x's (of x's precision), else None."""
+    dt = dtype_arg(value, x_dtype, "out_dtype")
+    if TABLE[dt][1] != TABLE[x_dtype][1]:
+        raise TypeError(f"out_dtype must be of x's precision ({x_dtype}: float64 only with "
+                        f"float64, else float32, float16 or bfloat16); got {dt}")  # fmt: skip
+    return None if dt == x_dtype else dt
+
+
 def residual(shape, dt, residual_dtype, x_shape, x_dtype) -> numpy.dtype:
     """The residual: x's shape, a dtype of x's precision (float64 with float64 only); returns
     h's dtype, ``residual_dtype`` (of x's precision too) or the residual's."""

@@ -153,7 +153,8 @@ def _check_device(a, name: str) -> None:
 
 
 def layer_norm(x: jax.Array, weight: jax.Array | None = None, bias: jax.Array | None = None,
-               eps: float = 1e-5, *, weight_offset: float = 0.0) -> jax.Array:  # fmt: skip
+               eps: float = 1e-5, *, weight_offset: float = 0.0,
+               out_dtype=None) -> jax.Array:  # fmt: skip
     """LayerNorm over the last dimension of ``x`` with cupyln's kernels (differentiable).
 
     Args:
@@ -161,29 +162,31 @@ def layer_norm(x: jax.Array, weight: jax.Array | None = None, bias: jax.Array | 
         weight, bias: optional arrays of shape (N,), each with its own dtype from that list.
         eps: added to the biased variance; finite and >= 0.
         weight_offset: the scale is weight + weight_offset; dw is unchanged by it.
+        out_dtype: y's dtype, of x's precision (default x's): float32 in, bfloat16 out.
 
     Returns:
-        y of x's shape and dtype. Gradients (``jax.grad``, ``jax.vjp``) come from cupyln's
-        backward: dw/db in the weight's/bias's dtype, deterministic.
+        y of x's shape and dtype (or ``out_dtype``). Gradients (``jax.grad``, ``jax.vjp``)
+        come from cupyln's backward: dw/db in the weight's/bias's dtype, deterministic.
     """
-    return _apply(x, None, weight, bias, eps, False, None, weight_offset)[0]
+    return _apply(x, None, weight, bias, eps, False, None, weight_offset, out_dtype)[0]
 
 
 # ------------------------------------------------------------------ the norms
 @lru_cache(maxsize=1024)
-def _forward_call(m, n, x_dtype, r_dtype, h_dtype, w_dtype, b_dtype, eps, rms):
+def _forward_call(m, n, x_dtype, r_dtype, h_dtype, w_dtype, b_dtype, eps, rms, y_dtype):
     """buffer_callback computing (y, mean, rstd, h) of RMSNorm (``rms``; mean empty) or
-    LayerNorm of M rows of N, of h = x + residual where r_dtype is not None (else h empty)."""
+    LayerNorm of M rows of N, of h = x + residual where r_dtype is not None (else h empty), y
+    of y_dtype (None: x's)."""
     acc = acc_dtype(x_dtype)
     shapes = (
-        jax.ShapeDtypeStruct((m, n), x_dtype),
+        jax.ShapeDtypeStruct((m, n), y_dtype or x_dtype),
         jax.ShapeDtypeStruct((0 if rms else m,), acc),
         jax.ShapeDtypeStruct((m,), acc),
         jax.ShapeDtypeStruct((m, n) if r_dtype is not None else (0,), h_dtype or x_dtype),
     )
     residual = None if r_dtype is None else (r_dtype, h_dtype)
     p = Problem(m, n, x_dtype, w_dtype, b_dtype, rms, residual, x_stride=n,
-                r_stride=0 if r_dtype is None else n)  # fmt: skip
+                r_stride=0 if r_dtype is None else n, y_dtype=y_dtype)  # fmt: skip
 
     def callback(ctx, out, x, *rest):
         y, mean, rstd, h = out
@@ -237,12 +240,12 @@ def _backward_call(m, n, h_dtype, w_dtype, db_dtype, rms, has_dh):
 
 
 def _forward_local(static, x2, *rest):
-    eps, rms, h_dtype, present = static
+    eps, rms, h_dtype, y_dtype, present = static
     r2, w, b = _taken(present, rest)
     m, n = x2.shape
     call = _forward_call(
         m, n, _dtype(x2), None if r2 is None else _dtype(r2), h_dtype,
-        None if w is None else _dtype(w), None if b is None else _dtype(b), eps, rms,
+        None if w is None else _dtype(w), None if b is None else _dtype(b), eps, rms, y_dtype,
     )  # fmt: skip
     return call(x2, *rest)
 
@@ -250,11 +253,11 @@ def _forward_local(static, x2, *rest):
 _forward_rows = by_rows(_forward_local)
 
 
-def _forward(x2, r2, w, b, eps, rms, h_dtype):
+def _forward(x2, r2, w, b, eps, rms, h_dtype, y_dtype):
     rest, present = _given((r2, w, b))
     kinds_in = (ROWS,) + tuple(k for k, p in zip((ROWS, WHOLE, WHOLE), present) if p)
     kinds_out = (ROWS, WHOLE if rms else ROWS, ROWS, ROWS if present[0] else WHOLE)
-    outs = _forward_rows((eps, rms, h_dtype, present), kinds_in, kinds_out, x2, *rest)
+    outs = _forward_rows((eps, rms, h_dtype, y_dtype, present), kinds_in, kinds_out, x2, *rest)
     return _varying(outs, (x2, *rest))
 
 
@@ -270,19 +273,19 @@ def _backward_local(static, dy, src, mean, rstd, *rest):
 _backward_rows = by_rows(_backward_local)
 
 
-@partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
-def _norm(x2, r2, w, b, eps, rms, h_dtype):
-    y, _, _, h = _forward(x2, r2, w, b, eps, rms, h_dtype)
+@partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7))
+def _norm(x2, r2, w, b, eps, rms, h_dtype, y_dtype):
+    y, _, _, h = _forward(x2, r2, w, b, eps, rms, h_dtype, y_dtype)
     return y, h
 
 
-def _norm_fwd(x2, r2, w, b, eps, rms, h_dtype):
-    y, mean, rstd, h = _forward(x2, r2, w, b, eps, rms, h_dtype)
+def _norm_fwd(x2, r2, w, b, eps, rms, h_dtype, y_dtype):
+    y, mean, rstd, h = _forward(x2, r2, w, b, eps, rms, h_dtype, y_dtype)
     kinds = tuple(None if a is None else a[:0] for a in (x2, r2, b))  # dtypes and mesh axes
     return (y, h), (h if r2 is not None else x2, w, mean, rstd, kinds)
 
 
-def _norm_bwd(eps, rms, h_dtype, res, grads):
+def _norm_bwd(eps, rms, h_dtype, y_dtype, res, grads):
     src, w, mean, rstd, (x_kind, r_kind, b_kind) = res
     dy, dh = grads
     s_dtype = _dtype(src)
@@ -306,14 +309,16 @@ def _norm_bwd(eps, rms, h_dtype, res, grads):
 _norm.defvjp(_norm_fwd, _norm_bwd)
 
 
-def _apply(x, residual, weight, bias, eps, rms, residual_dtype, weight_offset):
-    """(y, h) of a family member over the last dimension of x (h None without a residual)."""
+def _apply(x, residual, weight, bias, eps, rms, residual_dtype, weight_offset, out_dtype=None):
+    """(y, h) of a family member over the last dimension of x (h None without a residual), y
+    in ``out_dtype`` (default x's)."""
     x = _check(x, "x")
     n = _checks.width(x.shape, "x")
     weight = _check(weight, "weight", n)
     bias = _check(bias, "bias", n)
     eps = _checks.eps(eps)
     offset = _checks.weight_offset(weight_offset, weight is not None)
+    y_dtype = _checks.out_dtype(out_dtype, _dtype(x))
     h_dtype = None
     if residual is not None:
         residual = _check(residual, "residual")
@@ -328,32 +333,35 @@ def _apply(x, residual, weight, bias, eps, rms, residual_dtype, weight_offset):
     m = math.prod(x.shape[:-1])
     if m == 0:
         h = None if residual is None else jnp.zeros(x.shape, h_dtype)
-        return jnp.zeros_like(x), h
+        return jnp.zeros(x.shape, y_dtype or _dtype(x)), h
     r2 = None if residual is None else residual.reshape(m, n)
-    y, h = _norm(x.reshape(m, n), r2, weight, bias, eps, rms, h_dtype)
+    y, h = _norm(x.reshape(m, n), r2, weight, bias, eps, rms, h_dtype, y_dtype)
     return y.reshape(x.shape), None if residual is None else h.reshape(x.shape)
 
 
 def rms_norm(x: jax.Array, weight: jax.Array | None = None, eps: float = 1e-6, *,
-             weight_offset: float = 0.0) -> jax.Array:  # fmt: skip
+             weight_offset: float = 0.0, out_dtype=None) -> jax.Array:  # fmt: skip
     """RMSNorm over the last dimension of ``x`` (y = x * rstd * (weight + weight_offset), rstd =
     1 / sqrt(mean(x^2) + eps) in float32), differentiable, as ``layer_norm``."""
-    return _apply(x, None, weight, None, eps, True, None, weight_offset)[0]
+    return _apply(x, None, weight, None, eps, True, None, weight_offset, out_dtype)[0]
 
 
 def add_rms_norm(x: jax.Array, residual: jax.Array, weight: jax.Array | None = None,
-                 eps: float = 1e-6, *, residual_dtype=None,
-                 weight_offset: float = 0.0) -> tuple[jax.Array, jax.Array]:  # fmt: skip
+                 eps: float = 1e-6, *, residual_dtype=None, weight_offset: float = 0.0,
+                 out_dtype=None) -> tuple[jax.Array, jax.Array]:  # fmt: skip
     """``(y, h)``: h = x + residual (added in float32, stored in ``residual_dtype``, default
-    residual's dtype), y = rms_norm(h) in x's dtype; differentiable in x, residual, weight."""
-    return _apply(x, residual, weight, None, eps, True, residual_dtype, weight_offset)
+    residual's dtype), y = rms_norm(h) in x's dtype (or ``out_dtype``); differentiable in x,
+    residual, weight."""
+    return _apply(x, residual, weight, None, eps, True, residual_dtype, weight_offset, out_dtype)
 
 
 def add_layer_norm(x: jax.Array, residual: jax.Array, weight: jax.Array | None = None,
                    bias: jax.Array | None = None, eps: float = 1e-5, *, residual_dtype=None,
-                   weight_offset: float = 0.0) -> tuple[jax.Array, jax.Array]:  # fmt: skip
+                   weight_offset: float = 0.0,
+                   out_dtype=None) -> tuple[jax.Array, jax.Array]:  # fmt: skip
     """``(y, h)`` as ``add_rms_norm``, y = layer_norm(h)."""
-    return _apply(x, residual, weight, bias, eps, False, residual_dtype, weight_offset)
+    return _apply(x, residual, weight, bias, eps, False, residual_dtype, weight_offset,
+                  out_dtype)  # fmt: skip
 
 
 def precompile(n: int, dtype, *, device: jax.Device | None = None, **kwargs) -> int:

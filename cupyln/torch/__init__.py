@@ -88,12 +88,19 @@ def layer_norm(
     weight: torch.Tensor | None = None,
     bias: torch.Tensor | None = None,
     eps: float = 1e-5,
+    *,
+    out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """``torch.nn.functional.layer_norm`` with cupyln's kernels (CUDA tensors of float32,
-    float16, bfloat16 or float64; weight and bias may have their own dtypes). CPU tensors go
-    to ``torch.nn.functional.layer_norm`` itself."""
+    float16, bfloat16 or float64; weight and bias may have their own dtypes); ``out_dtype``:
+    y's dtype, of input's precision (default input's: float32 in, bfloat16 out for the next
+    GEMM). CPU tensors go to ``torch.nn.functional.layer_norm`` itself."""
     if isinstance(input, torch.Tensor) and input.device.type == "cpu":
-        return torch.nn.functional.layer_norm(input, _shape(normalized_shape), weight, bias, eps)
+        y = torch.nn.functional.layer_norm(input, _shape(normalized_shape), weight, bias, eps)
+        return y if out_dtype is None else y.to(out_dtype)
+    if out_dtype is not None:
+        return norm(input, None, weight, bias, eps, normalized_shape, rms=False,
+                    residual_dtype=None, weight_offset=0.0, out_dtype=out_dtype)[0]  # fmt: skip
     _check(input, "input")
     for t, name in ((weight, "weight"), (bias, "bias")):
         if t is not None:
@@ -206,14 +213,17 @@ def rms_norm(
     eps: float | None = None,
     *,
     weight_offset: float = 0.0,
+    out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """``torch.nn.functional.rms_norm`` with cupyln's kernels: y = x * rstd * weight, rstd =
     1 / sqrt(mean(x^2) + eps) over the trailing ``normalized_shape``, in float32 (float64 for
-    float64 input); ``eps=None`` as torch. CPU tensors go to torch's own ``rms_norm``."""
+    float64 input); ``eps=None`` as torch; ``out_dtype`` as ``layer_norm``'s. CPU tensors go
+    to torch's own ``rms_norm``."""
     if isinstance(input, torch.Tensor) and input.device.type == "cpu":
         offset = _cpu_checks(input, normalized_shape, weight, None, None, weight_offset)
         w = weight if not offset else weight + offset
-        return torch.nn.functional.rms_norm(input, _shape(normalized_shape), w, eps)
+        y = torch.nn.functional.rms_norm(input, _shape(normalized_shape), w, eps)
+        return y if out_dtype is None else y.to(out_dtype)
     eps = _rms_eps(eps, getattr(input, "dtype", None))
     return norm(
         input,
@@ -225,6 +235,7 @@ def rms_norm(
         rms=True,
         residual_dtype=None,
         weight_offset=weight_offset,
+        out_dtype=out_dtype,
     )[0]
 
 
@@ -237,9 +248,11 @@ def add_rms_norm(
     *,
     residual_dtype: torch.dtype | None = None,
     weight_offset: float = 0.0,
+    out_dtype: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(y, h)``: h = input + residual, added in float32 and stored in ``residual_dtype``
-    (default residual's dtype), and y = rms_norm(h) in input's dtype; one read of input and
+    (default residual's dtype), and y = rms_norm(h) in input's dtype (or ``out_dtype``, of
+    its precision); one read of input and
     residual, one write of y and h. Gradients reach input and residual (through both y and
     h)."""
     if isinstance(input, torch.Tensor) and input.device.type == "cpu":
@@ -247,7 +260,7 @@ def add_rms_norm(
         h = _cpu_add(input, residual, residual_dtype)
         w = weight if not offset else weight + offset
         y = torch.nn.functional.rms_norm(h, _shape(normalized_shape), w, eps)
-        return y.to(input.dtype), h
+        return y.to(input.dtype if out_dtype is None else out_dtype), h
     eps = _rms_eps(eps, getattr(input, "dtype", None))
     return norm(
         input,
@@ -259,6 +272,7 @@ def add_rms_norm(
         rms=True,
         residual_dtype=residual_dtype,
         weight_offset=weight_offset,
+        out_dtype=out_dtype,
     )
 
 
@@ -272,15 +286,16 @@ def add_layer_norm(
     *,
     residual_dtype: torch.dtype | None = None,
     weight_offset: float = 0.0,
+    out_dtype: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(y, h)``: h = input + residual as in ``add_rms_norm``, y = layer_norm(h) in input's
-    dtype."""
+    dtype (or ``out_dtype``)."""
     if isinstance(input, torch.Tensor) and input.device.type == "cpu":
         offset = _cpu_checks(input, normalized_shape, weight, bias, residual, weight_offset)
         h = _cpu_add(input, residual, residual_dtype)
         w = weight if not offset else weight + offset
         y = torch.nn.functional.layer_norm(h, _shape(normalized_shape), w, bias, eps)
-        return y.to(input.dtype), h
+        return y.to(input.dtype if out_dtype is None else out_dtype), h
     return norm(
         input,
         residual,
@@ -291,6 +306,7 @@ def add_layer_norm(
         rms=False,
         residual_dtype=residual_dtype,
         weight_offset=weight_offset,
+        out_dtype=out_dtype,
     )
 
 

@@ -39,9 +39,9 @@ def _scale(weight, offset: float, acc):
 
 
 def _fwd_impl(x, residual, weight, bias, eps: float, rms: bool, residual_dtype,
-              weight_offset: float):  # fmt: skip
-    """(y, mean, rstd, h): the norm of x, or of h = x + residual; mean has no elements for
-    RMSNorm, h none without a residual."""
+              weight_offset: float, out_dtype=None):  # fmt: skip
+    """(y, mean, rstd, h): the norm of x, or of h = x + residual; y in ``out_dtype`` (default
+    x's); mean has no elements for RMSNorm, h none without a residual."""
     _check_input(x)
     _check_vector(weight, "weight", x)
     _check_vector(bias, "bias", x)
@@ -55,8 +55,11 @@ def _fwd_impl(x, residual, weight, bias, eps: float, rms: bool, residual_dtype,
                                _NP[x.dtype])  # fmt: skip
     elif residual_dtype is not None:
         raise ValueError("residual_dtype needs a residual; got residual=None")
+    ydt = _checks.out_dtype(None if out_dtype is None else _NP.get(out_dtype, out_dtype),
+                            _NP[x.dtype])  # fmt: skip
     acc = _acc(x.dtype)
-    y = torch.empty_like(x, memory_format=torch.contiguous_format)
+    y = torch.empty_like(x, memory_format=torch.contiguous_format,
+                         dtype=x.dtype if ydt is None else _TORCH[ydt])  # fmt: skip
     mean = x.new_empty(0, dtype=acc) if rms else _row_stats(x, acc)
     rstd = _row_stats(x, acc)
     h = x.new_empty(0) if hdt is None else torch.empty(x.shape, dtype=_TORCH[hdt], device=x.device)
@@ -70,7 +73,7 @@ def _fwd_impl(x, residual, weight, bias, eps: float, rms: bool, residual_dtype,
         p = Problem(m, n, _NP[x.dtype], None if w is None else _NP[w.dtype],
                     None if b is None else _NP[b.dtype], rms,
                     None if r2 is None else (_NP[r2.dtype], hdt), x_stride=stride,
-                    r_stride=rs)  # fmt: skip
+                    r_stride=rs, y_dtype=ydt)  # fmt: skip
         ptrs = (x2.data_ptr(), y.data_ptr(), _ptr(w), _ptr(b), 0 if rms else mean.data_ptr(),
                 rstd.data_ptr(), _ptr(r2), _ptr(h) if hdt is not None else 0)  # fmt: skip
         index = x.get_device()
@@ -80,7 +83,7 @@ def _fwd_impl(x, residual, weight, bias, eps: float, rms: bool, residual_dtype,
 
 # norm_fwd's arguments after (x, residual, weight, bias, eps, rms), in its schema's order, and
 # their defaults: a new option of the norms is a new entry here and in the schema.
-FWD_OPTIONS = {"residual_dtype": None, "weight_offset": 0.0}
+FWD_OPTIONS = {"residual_dtype": None, "weight_offset": 0.0, "out_dtype": None}
 
 
 def fwd_args(x, residual, weight, bias, eps, rms, **options) -> tuple:
@@ -96,13 +99,14 @@ def fwd_args(x, residual, weight, bias, eps, rms, **options) -> tuple:
     return (x, residual, weight, bias, eps, rms) + rest
 
 
-def _fwd_fake(x, residual, weight, bias, eps, rms, residual_dtype, weight_offset):
+def _fwd_fake(x, residual, weight, bias, eps, rms, residual_dtype, weight_offset, out_dtype=None):
     acc = _acc(x.dtype)
     h = x.new_empty(0)
     if residual is not None:
         h = x.new_empty(x.shape, dtype=residual.dtype if residual_dtype is None else residual_dtype)
     mean = x.new_empty(0 if rms else x.shape[:-1], dtype=acc)
-    return x.new_empty(x.shape), mean, x.new_empty(x.shape[:-1], dtype=acc), h
+    y = x.new_empty(x.shape, dtype=x.dtype if out_dtype is None else out_dtype)
+    return y, mean, x.new_empty(x.shape[:-1], dtype=acc), h
 
 
 def _bwd_impl(dy, dh, h, weight, mean, rstd, rms: bool, weight_offset: float):
@@ -202,7 +206,8 @@ def _bwd_autograd(dy, dh, h, weight, *rest):
 
 _FWD = define(
     "norm_fwd(Tensor x, Tensor? residual, Tensor? weight, Tensor? bias, float eps, bool rms, "
-    "ScalarType? residual_dtype, float weight_offset) -> (Tensor, Tensor, Tensor, Tensor)",
+    "ScalarType? residual_dtype, float weight_offset, ScalarType? out_dtype=None) "
+    "-> (Tensor, Tensor, Tensor, Tensor)",
     _fwd_impl, _fwd_fake, _fwd_autograd,
 )  # fmt: skip
 _BWD = define(
@@ -237,7 +242,7 @@ def setup(ctx, inputs, output) -> None:
 
 def backward(ctx, dy, dh, bwd) -> tuple:
     """The gradients of norm_fwd's inputs through ``bwd`` (the op, or its implementation
-    where no graph is recorded)."""
+    where no graph is recorded); dy of y's dtype is converted to the input's."""
     src, weight, mean, rstd = ctx.saved_tensors
     dh = dh if ctx.has_residual else None
     grads = bwd(dy, dh, src, weight, mean, rstd, ctx.rms, ctx.offset)
