@@ -48,6 +48,7 @@ def precompile(
     residual=None,
     residual_dtype=None,
     weight_offset: bool = False,
+    out_dtype=None,
     backward: bool = True,
     device: int | None = None,
     bias_dtype=None,
@@ -64,7 +65,8 @@ def precompile(
     ``residual`` (a residual add in front: the residual's dtype) and ``residual_dtype`` (h's,
     as the forward's keyword; default the residual's, and alone it stands for both),
     ``weight_offset`` (whether the calls pass one: the kernels then read a float32 scale),
-    ``backward`` (the backward's kernels too), ``device`` (default CuPy's current device).
+    ``out_dtype`` (y's, as the forward's keyword), ``backward`` (the backward's kernels too),
+    ``device`` (default CuPy's current device).
     ``bias_dtype`` and ``h_dtype`` are deprecated names (of ``db_dtype``; of h's dtype beside
     ``residual_dtype`` as the residual's). Returns the number of kernels, compiled or already
     there."""
@@ -81,7 +83,8 @@ def precompile(
         residual, residual_dtype = residual_dtype, h_dtype
     p, db = for_precompile(n, dtype, w_dtype=w_dtype, b_dtype=b_dtype, db_dtype=db_dtype,
                            affine=affine, rms=rms, residual=residual,
-                           residual_dtype=residual_dtype, weight_offset=weight_offset)  # fmt: skip
+                           residual_dtype=residual_dtype, weight_offset=weight_offset,
+                           out_dtype=out_dtype)  # fmt: skip
     dev = _runtime.cupy().cuda.runtime.getDevice() if device is None else int(device)
     with _runtime.OnDevice(dev):
         done = _launcher.precompile(dev, p, db, bool(backward))

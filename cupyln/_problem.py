@@ -64,7 +64,8 @@ class Problem(NamedTuple):
 
 def for_precompile(n, dtype, *, w_dtype=None, b_dtype=None, db_dtype=None,
                    affine=(True, True), rms=False, residual=None, residual_dtype=None,
-                   weight_offset=False) -> tuple[Problem, numpy.dtype]:  # fmt: skip
+                   weight_offset=False,
+                   out_dtype=None) -> tuple[Problem, numpy.dtype]:  # fmt: skip
     """(the problem, db's dtype) that rows of ``n`` of ``dtype`` pose at any number of rows,
     from ``cupyln.precompile``'s keywords (checked): the dtypes of a call's arguments."""
     x = _checks.dtype_arg(dtype, None, "dtype")
@@ -86,5 +87,7 @@ def for_precompile(n, dtype, *, w_dtype=None, b_dtype=None, db_dtype=None,
         h = _checks.dtype_arg(residual_dtype, None, "residual_dtype")
         r = h if r is None else r
         res = (r, _checks.residual((), r, h, (), x))
-    p = Problem(0, int(n), x, w if has_w else None, b if has_b else None, bool(rms), res)
+    y = _checks.out_dtype(out_dtype, x)
+    p = Problem(0, int(n), x, w if has_w else None, b if has_b else None, bool(rms), res,
+                y_dtype=y)  # fmt: skip
     return p, db

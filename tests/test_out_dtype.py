@@ -76,6 +76,17 @@ def test_torch_cpu_fallback_returns_out_dtype():
     assert y.dtype == torch.bfloat16 and h.dtype == torch.float32
 
 
+def test_precompile_takes_out_dtype(monkeypatch):
+    from .test_edge_cases import _precompiled
+
+    p, _ = _precompiled(monkeypatch, out_dtype="float16")  # of bfloat16 rows
+    assert p.y_dtype == F16 and p.ty == F16
+    p, _ = _precompiled(monkeypatch, out_dtype="bfloat16")  # x's own: the plain problem
+    assert p.y_dtype is None and p.ty == BF16
+    with pytest.raises(TypeError, match="out_dtype must be of x's precision"):
+        _precompiled(monkeypatch, out_dtype="float64")
+
+
 # ------------------------------------------------------------------------------- GPU tier
 if GPU_COUNT:
     import cupy
@@ -148,6 +159,22 @@ def test_cupy_out_dtype_checks_before_writing():
     assert cupyln.layer_norm(x, out_dtype=BF16).dtype == BF16
     assert cupyln.rms_norm(x, out_dtype=F16).dtype == F16
     assert cupyln.forward(x[:0], out_dtype=BF16)[0].dtype == BF16  # no rows
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_precompile_with_out_dtype_leaves_nothing_to_compile():
+    from cupyln import _compile
+
+    n = 4096
+    assert cupyln.precompile(n, "float32", out_dtype="bfloat16", rms=True) > 0
+    compiled = len(_compile._functions)
+    w = fresh((n,), F32)
+    for m in (1, 7, 1000, 3001, 20000):
+        x = fresh((m, n), F32)
+        y, rstd = cupyln.rms_forward(x, w, out_dtype=BF16)
+        cupyln.rms_backward(y, x, w, rstd)  # dy of y's dtype
+        assert len(_compile._functions) == compiled, f"M={m}: a kernel compiled"
 
 
 @pytest.mark.gpu

@@ -46,16 +46,16 @@ __all__ = ["layer_norm", "LayerNorm", "replace_layer_norms", "forward", "backwar
 
 def precompile(normalized_shape, dtype: torch.dtype, *, weight_dtype=None, bias_dtype=None,
                weight: bool = True, bias: bool = True, rms: bool = False, residual=None,
-               residual_dtype=None, weight_offset: bool = False, backward: bool = True,
-               device=None) -> int:  # fmt: skip
+               residual_dtype=None, weight_offset: bool = False, out_dtype=None,
+               backward: bool = True, device=None) -> int:  # fmt: skip
     """Compile ahead every kernel that rows of ``normalized_shape`` of ``dtype`` can take at
     any number of rows (``cupyln.precompile`` with torch dtypes): warm up with it before a CUDA
     graph is captured at shapes not run before. ``weight``/``bias``: whether the calls pass
     them (``weight_dtype``/``bias_dtype``: theirs, default ``dtype``); ``rms``: RMSNorm;
     ``residual``: the residual's dtype of an add in front, ``residual_dtype``: h's, as
     ``add_rms_norm``'s keyword (default the residual's; alone it stands for both);
-    ``weight_offset``: whether the calls pass one; ``device``: a CUDA device (default torch's
-    current one). Returns the number of kernels."""
+    ``weight_offset``: whether the calls pass one; ``out_dtype``: y's, as the norms' keyword;
+    ``device``: a CUDA device (default torch's current one). Returns the number of kernels."""
     from .. import _launcher, _runtime
     from .._problem import for_precompile
     from ._glue import _NP
@@ -77,7 +77,8 @@ def precompile(normalized_shape, dtype: torch.dtype, *, weight_dtype=None, bias_
                            affine=(weight, bias and not rms), rms=rms,
                            residual=np_dtype(residual, "residual"),
                            residual_dtype=np_dtype(residual_dtype, "residual_dtype"),
-                           weight_offset=weight_offset)  # fmt: skip
+                           weight_offset=weight_offset,
+                           out_dtype=np_dtype(out_dtype, "out_dtype"))  # fmt: skip
     with _runtime.OnDevice(index):
         return len(_launcher.precompile(index, p, db, backward))
 
