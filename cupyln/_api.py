@@ -304,8 +304,8 @@ def _forward_checked(x, w, b, eps, *, rms, residual, residual_dtype, weight_offs
         if plain and x2 is x and scale is w and b2 is b and len(calls) < _MAX_CALLS:
             k, grid, block, smem, vec, _ = _launcher.forward_launch_at(dev, p, x.data.ptr & 15)
             calls[_forward_key(x, w, b)] = _Call(
-                dev, p, x.shape, lead, offsets, (_dtype_arg(x.dtype), _dtype_arg(acc)), k, grid,
-                block, smem, vec * x.itemsize - 1,
+                dev, p, x.shape, lead, offsets, (_dtype_arg(x.dtype), _dtype_arg(acc)), launch=k,
+                grid=grid, block=block, smem=smem, x_align=vec * x.itemsize - 1,
             )  # fmt: skip
         ptrs = (x2.data.ptr, y.data.ptr, ptr(scale), ptr(b2), ptr(mean), rstd.data.ptr, ptr(r2),
                 ptr(h))  # fmt: skip

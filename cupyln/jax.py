@@ -168,7 +168,8 @@ def layer_norm(x: jax.Array, weight: jax.Array | None = None, bias: jax.Array | 
         y of x's shape and dtype (or ``out_dtype``). Gradients (``jax.grad``, ``jax.vjp``)
         come from cupyln's backward: dw/db in the weight's/bias's dtype, deterministic.
     """
-    return _apply(x, None, weight, bias, eps, False, None, weight_offset, out_dtype)[0]
+    return _apply(x, None, weight, bias, eps, rms=False, weight_offset=weight_offset,
+                  out_dtype=out_dtype)[0]  # fmt: skip
 
 
 # ------------------------------------------------------------------ the norms
@@ -245,7 +246,8 @@ def _forward_local(static, x2, *rest):
     m, n = x2.shape
     call = _forward_call(
         m, n, _dtype(x2), None if r2 is None else _dtype(r2), h_dtype,
-        None if w is None else _dtype(w), None if b is None else _dtype(b), eps, rms, y_dtype,
+        None if w is None else _dtype(w), None if b is None else _dtype(b), eps, rms=rms,
+        y_dtype=y_dtype,
     )  # fmt: skip
     return call(x2, *rest)
 
@@ -309,7 +311,8 @@ def _norm_bwd(eps, rms, h_dtype, y_dtype, res, grads):
 _norm.defvjp(_norm_fwd, _norm_bwd)
 
 
-def _apply(x, residual, weight, bias, eps, rms, residual_dtype, weight_offset, out_dtype=None):
+def _apply(x, residual, weight, bias, eps, *, rms, residual_dtype=None, weight_offset=0.0,
+           out_dtype=None):  # fmt: skip
     """(y, h) of a family member over the last dimension of x (h None without a residual), y
     in ``out_dtype`` (default x's)."""
     x = _check(x, "x")
@@ -343,7 +346,8 @@ def rms_norm(x: jax.Array, weight: jax.Array | None = None, eps: float = 1e-6, *
              weight_offset: float = 0.0, out_dtype=None) -> jax.Array:  # fmt: skip
     """RMSNorm over the last dimension of ``x`` (y = x * rstd * (weight + weight_offset), rstd =
     1 / sqrt(mean(x^2) + eps) in float32), differentiable, as ``layer_norm``."""
-    return _apply(x, None, weight, None, eps, True, None, weight_offset, out_dtype)[0]
+    return _apply(x, None, weight, None, eps, rms=True, weight_offset=weight_offset,
+                  out_dtype=out_dtype)[0]  # fmt: skip
 
 
 def add_rms_norm(x: jax.Array, residual: jax.Array, weight: jax.Array | None = None,
@@ -352,7 +356,8 @@ def add_rms_norm(x: jax.Array, residual: jax.Array, weight: jax.Array | None = N
     """``(y, h)``: h = x + residual (added in float32, stored in ``residual_dtype``, default
     residual's dtype), y = rms_norm(h) in x's dtype (or ``out_dtype``); differentiable in x,
     residual, weight."""
-    return _apply(x, residual, weight, None, eps, True, residual_dtype, weight_offset, out_dtype)
+    return _apply(x, residual, weight, None, eps, rms=True, residual_dtype=residual_dtype,
+                  weight_offset=weight_offset, out_dtype=out_dtype)  # fmt: skip
 
 
 def add_layer_norm(x: jax.Array, residual: jax.Array, weight: jax.Array | None = None,
@@ -360,8 +365,8 @@ def add_layer_norm(x: jax.Array, residual: jax.Array, weight: jax.Array | None =
                    weight_offset: float = 0.0,
                    out_dtype=None) -> tuple[jax.Array, jax.Array]:  # fmt: skip
     """``(y, h)`` as ``add_rms_norm``, y = layer_norm(h)."""
-    return _apply(x, residual, weight, bias, eps, False, residual_dtype, weight_offset,
-                  out_dtype)  # fmt: skip
+    return _apply(x, residual, weight, bias, eps, rms=False, residual_dtype=residual_dtype,
+                  weight_offset=weight_offset, out_dtype=out_dtype)  # fmt: skip
 
 
 def precompile(n: int, dtype, *, device: jax.Device | None = None, **kwargs) -> int:

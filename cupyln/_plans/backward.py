@@ -152,7 +152,7 @@ def backward_plan(n: int, x_dtype, w_dtype, vec: int, smem_limit: int, max_clust
                 k = kernel("ln_bwd_reg_cluster", **dtypes, VEC=vec, ITEMS=items, BLOCK=block,
                            C=c, STAGE_W=staged_w)  # fmt: skip
                 smem = rows.smem(block, items, True, staged_w, ahead=True)
-                return Plan(k, "reg", vec, items, block, block, 1, smem, c)
+                return Plan(k, "reg", vec, items, block, block, 1, smem, cluster=c)
     if shape is not None:
         return _reg_plan(n, rows, shape, values, shared, short, rms, dh)
     ring = _ring_shape(n, vec, x_dtype.itemsize, values, share(smem_limit), max_cluster)
@@ -163,7 +163,7 @@ def backward_plan(n: int, x_dtype, w_dtype, vec: int, smem_limit: int, max_clust
             k = kernel("ln_bwd_ring", **dtypes, VEC=vec, ITEMS=items, BLOCK=b)
         else:
             k = kernel("ln_bwd_cluster", **dtypes, VEC=vec, ITEMS=items, BLOCK=b, C=c, LAG=lag)
-        return Plan(k, "ring" if c == 1 else "cluster", vec, items, b, b, 1, smem, c)
+        return Plan(k, "ring" if c == 1 else "cluster", vec, items, b, b, 1, smem, cluster=c)
     row_bytes = 2 * staged(n, x_dtype.itemsize)
     stage = row_bytes <= smem_limit - STATIC_SMEM_MARGIN
     k = kernel("ln_bwd_row", **dtypes, VEC=vec, BLOCK=ROW_BLOCK, STAGE=stage)

@@ -191,7 +191,8 @@ def forward_plan(n: int, x_dtype, w_dtype, b_dtype, vec: int, smem_limit: int,
     y's dtype, where not x's (the Store's)."""
     if residual is not None:
         return _residual_plan(n, x_dtype, w_dtype, b_dtype, vec, smem_limit, max_cluster, items,
-                              one_wave, stream, affine, rms, residual, y_dtype)  # fmt: skip
+                              one_wave=one_wave, stream=stream, affine=affine, rms=rms,
+                              residual=residual, y_dtype=y_dtype)  # fmt: skip
     dtypes = dict(T=x_dtype, TY=y_dtype or x_dtype, TW=w_dtype, TB=b_dtype)
     size = x_dtype.itemsize
     row_bytes = staged(n, size)
@@ -224,10 +225,10 @@ def forward_plan(n: int, x_dtype, w_dtype, b_dtype, vec: int, smem_limit: int,
     if ring_split is not None:
         c, block, smem = ring_split
         k = kernel("ln_fwd_cluster", **dtypes, RMS=rms, VEC=vec, BLOCK=block, C=c)
-        return Plan(k, "cluster", vec, 0, block, block, 1, smem, c)
+        return Plan(k, "cluster", vec, 0, block, block, 1, smem=smem, cluster=c)
     if shape is not None:
-        return _reg_plan(n, vec, dtypes, shape, values, block_max, sixteen, one_wave,
-                         max_cluster, rms)  # fmt: skip
+        return _reg_plan(n, vec, dtypes, shape, values, block_max, sixteen=sixteen,
+                         one_wave=one_wave, max_cluster=max_cluster, rms=rms)  # fmt: skip
     copyable = async_copyable(vec, size) and not rms  # ring_forward.cuh is LayerNorm's only
     ring = _ring_shape(row_bytes, smem_limit) if copyable else None
     if ring is not None:
@@ -241,8 +242,8 @@ def forward_plan(n: int, x_dtype, w_dtype, b_dtype, vec: int, smem_limit: int,
     return Plan(k, "row", vec, 0, block, block, 1, row_bytes if stage else 0)
 
 
-def _residual_plan(n, x_dtype, w_dtype, b_dtype, vec, smem_limit, max_cluster, items, one_wave,
-                   stream, affine, rms, residual, y_dtype=None) -> Plan:  # fmt: skip
+def _residual_plan(n, x_dtype, w_dtype, b_dtype, vec, smem_limit, max_cluster, items, *,
+                   one_wave, stream, affine, rms, residual, y_dtype=None) -> Plan:  # fmt: skip
     """The plan of a residual add in front of the norm: the stream tier where x, the residual
     and h share a dtype, else the register rows where one block holds the row; else the plan of
     h's norm, ``unfused`` (ln_fwd_add writes h first)."""
@@ -251,7 +252,8 @@ def _residual_plan(n, x_dtype, w_dtype, b_dtype, vec, smem_limit, max_cluster, i
     # the stream tier's shapes as LayerNorm's (FWD_STREAM_RMS_STEPS is RMSNorm's alone: with a
     # residual, 4 packs a thread stream faster than the register rows)
     plain = forward_plan(n, x_dtype, w_dtype, b_dtype, vec, smem_limit, max_cluster, items,
-                         one_wave, stream and same, affine, res_stream=True)  # fmt: skip
+                         one_wave=one_wave, stream=stream and same, affine=affine,
+                         res_stream=True)  # fmt: skip
     if plain.tier == "stream":
         return _stream_plan(n, vec, dict(T=x_dtype, TY=y_dtype or x_dtype, TW=w_dtype,
                                          TB=b_dtype),
@@ -262,8 +264,9 @@ def _residual_plan(n, x_dtype, w_dtype, b_dtype, vec, smem_limit, max_cluster, i
     items = min(items, FWD_RES_ITEMS)
     shape = reg_shape(n, vec, items * vec, block_max)
     if shape is not None:
-        return _reg_plan(n, vec, dtypes, shape, items * vec, block_max, False, one_wave,
-                         max_cluster, rms, residual)  # fmt: skip
+        return _reg_plan(n, vec, dtypes, shape, items * vec, block_max, sixteen=False,
+                         one_wave=one_wave, max_cluster=max_cluster, rms=rms,
+                         residual=residual)  # fmt: skip
     # rows past one block: 16-bit ones (16-byte packs of one dtype) split over a cluster of
     # blocks that share an SM FWD_RES_CLUSTER_SPLIT or more at a time
     sixteen = same and x_dtype.itemsize == 2 and vec == 8 and w_dtype.itemsize <= 4
@@ -274,7 +277,8 @@ def _residual_plan(n, x_dtype, w_dtype, b_dtype, vec, smem_limit, max_cluster, i
     if split is not None:
         return _reg_cluster_plan(vec, dtypes, split, smem_limit, rms, residual, threads)
     h_plan = forward_plan(n, h_dtype, w_dtype, b_dtype, vec, smem_limit, max_cluster, items,
-                          one_wave, False, affine, rms, y_dtype=y_dtype or x_dtype)  # fmt: skip
+                          one_wave=one_wave, affine=affine, rms=rms,
+                          y_dtype=y_dtype or x_dtype)  # fmt: skip
     return replace(h_plan, unfused=True)
 
 
@@ -285,7 +289,7 @@ def _residual_threads(x_dtype, h_dtype) -> int:
     return FWD_RES_THREADS_FP16 if fp16 else FWD_RES_THREADS
 
 
-def _reg_plan(n, vec, dtypes, shape, values, block_max, sixteen, one_wave, max_cluster,
+def _reg_plan(n, vec, dtypes, shape, values, block_max, *, sixteen, one_wave, max_cluster,
               rms=False, residual=None) -> Plan:  # fmt: skip
     """ln_fwd_reg: the row as loaded (``shape``) or, for 16-bit rows in blocks of up to
     FWD_CENTER_BLOCK threads and double rows, centered copies in the arithmetic type. With a
@@ -323,7 +327,8 @@ def _reg_plan(n, vec, dtypes, shape, values, block_max, sixteen, one_wave, max_c
     tr, th = residual if residual is not None else (None, None)
     k = kernel("ln_fwd_reg", **dtypes, RMS=rms, TR=tr, TH=th, VEC=vec, ITEMS=items, TPR=tpr,
                BLOCK=block, MINB=minb, CENTER=center, WHOLE=whole)  # fmt: skip
-    return Plan(k, "reg", vec, items, tpr, block, block // tpr, 0, 1, 0 if wide else minb * block)
+    return Plan(k, "reg", vec, items, tpr, block, block // tpr, 0,
+                threads=0 if wide else minb * block)  # fmt: skip
 
 
 def _stream_plan(n, vec, dtypes, shape, affine, rms=False, residual=None) -> Plan:
@@ -340,7 +345,7 @@ def _stream_plan(n, vec, dtypes, shape, affine, rms=False, residual=None) -> Pla
     k = kernel("ln_fwd_stream", T=dtypes["T"], TR=res, TH=res, RMS=rms, TY=dtypes["TY"], TW=tw,
                TB=tb, VEC=vec, TPR=tpr, BLOCK=block, NCH=steps, MINB=minb, PARTIAL=partial,
                ROLL=roll, COHERENT_WB=bool(names & FWD_STREAM_COHERENT_WB))  # fmt: skip
-    return Plan(k, "stream", vec, steps, tpr, block, block // tpr, 0, 1, minb * block)
+    return Plan(k, "stream", vec, steps, tpr, block, block // tpr, 0, threads=minb * block)
 
 
 def _stream_shape(n: int, vec: int, residual: bool = False):
@@ -414,7 +419,7 @@ def _reg_cluster_plan(vec: int, dtypes: dict, split, smem_limit: int, rms: bool 
     tr, th = residual if residual is not None else (None, None)
     k = kernel("ln_fwd_reg_cluster", **dtypes, RMS=rms, TR=tr, TH=th, VEC=vec, ITEMS=items,
                BLOCK=block, C=cluster, MINB=minb, STAGE_WB=smem > 0, LAG=lag)  # fmt: skip
-    return Plan(k, "reg", vec, items, block, block, 1, smem, cluster)
+    return Plan(k, "reg", vec, items, block, block, 1, smem, cluster=cluster)
 
 
 def _cluster_shape(n, vec, itemsize, row_bytes, smem_limit, max_cluster):
