@@ -28,8 +28,7 @@ struct Load {
   typedef typename choose_type<RES, TH, T>::type H;  // what the norm reads: h, or x
 
   // The row's first element as the norm reads it (the shift near the data): x[0], or
-  // x[0] + res[0] rounded to H. (The row pointers are the caller's: a __restrict__ here
-  // would let the compiler move the loads around h's stores, and change the tiers' code.)
+  // x[0] + res[0] rounded to H. (The row pointers are the tier's, __restrict__ there.)
   static __device__ __forceinline__ H first(const T* xr, const R* rr) {
     if constexpr (RES) {
       return narrow<H>(static_cast<A>(widen(xr[0])) + static_cast<A>(widen(rr[0])));
