@@ -81,22 +81,15 @@ def _fwd_impl(x, residual, weight, bias, eps: float, rms: bool, residual_dtype,
     return y, mean, rstd, h
 
 
-# norm_fwd's arguments after (x, residual, weight, bias, eps, rms), in its schema's order, and
-# their defaults: a new option of the norms is a new entry here and in the schema.
-FWD_OPTIONS = {"residual_dtype": None, "weight_offset": 0.0, "out_dtype": None}
-
-
-def fwd_args(x, residual, weight, bias, eps, rms, **options) -> tuple:
-    """norm_fwd's arguments, its options by name (checked: the ``*_dtype`` ones torch dtypes
-    or None), those left out at their defaults."""
-    unknown = options.keys() - FWD_OPTIONS.keys()
-    if unknown:
-        raise TypeError(f"unexpected keyword arguments {sorted(unknown)}")
-    for name, value in options.items():
-        if name.endswith("_dtype") and value is not None and not isinstance(value, torch.dtype):
+def fwd_args(x, residual, weight, bias, eps, rms, residual_dtype=None, weight_offset=0.0,
+             out_dtype=None) -> tuple:  # fmt: skip
+    """norm_fwd's arguments in its schema's order, its options by keyword at their defaults
+    (a new option of the norms is a keyword here and in the schema); the dtype options must
+    be torch dtypes or None."""
+    for value, name in ((residual_dtype, "residual_dtype"), (out_dtype, "out_dtype")):
+        if value is not None and not isinstance(value, torch.dtype):
             raise TypeError(f"{name} must be a torch.dtype or None; got {type(value).__name__}")
-    rest = tuple(options.get(k, d) for k, d in FWD_OPTIONS.items())
-    return (x, residual, weight, bias, eps, rms) + rest
+    return x, residual, weight, bias, eps, rms, residual_dtype, weight_offset, out_dtype
 
 
 def _fwd_fake(x, residual, weight, bias, eps, rms, residual_dtype, weight_offset, out_dtype=None):
