@@ -48,6 +48,34 @@ def test_plans_name_y_dtype_in_the_store():
                 assert res.arg("TY") == y and res.arg("T") in (x, F32), (n, res)
 
 
+def test_out_dtype_kernels_compile():
+    """NVRTC builds a kernel of each forward tier with y of another dtype than x (sm_90): the
+    Store's y in the register rows, clusters, stream, ring, cluster and row tiers."""
+    from cupyln import _compile
+
+    one = {}
+    # (N, pack width): None, the widest; in packs of 2 elements, 24000 takes the ring tier
+    # and 65536 the cluster tier
+    for n, packs in ((769, 1), (4096, None), (8192, None), (24000, 2), (65536, None),
+                     (65536, 2), (262144, None)):  # fmt: skip
+        for x, y in ((F32, BF16), (BF16, F16)):
+            for rms in (False, True):
+                for res in (None, (x, F32)):
+                    vec = packs or 16 // max(x.itemsize, y.itemsize, 4 if res else 1)
+                    p = F.forward_plan(n, x, x, x, vec, SMEM_H100, MAX_CLUSTER, stream=True,
+                                       rms=rms, residual=res, y_dtype=y)  # fmt: skip
+                    one.setdefault((p.kernel.name, rms, res is None), p.kernel)
+    names = {k.name for k in one.values()}
+    assert names >= {"ln_fwd_reg", "ln_fwd_reg_cluster", "ln_fwd_ring", "ln_fwd_cluster",
+                     "ln_fwd_row", "ln_fwd_stream"}, names  # fmt: skip
+    files: dict = {}
+    for k in one.values():
+        files.setdefault(_compile.source_of(k.name), []).append(k)
+    for kernels in files.values():
+        _, _, lowered = _compile.compile_cubin(kernels, 90, verbose=False)
+        assert set(lowered) == set(kernels)
+
+
 def test_out_dtype_is_checked_by_name():
     assert _checks.out_dtype(None, F32) is None
     assert _checks.out_dtype("float32", F32) is None  # x's own: the plain problem
