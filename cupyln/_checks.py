@@ -91,6 +91,11 @@ def gradient(shape, dt, name: str, ref_shape, ref_dt, ref_name: str = "x") -> No
     """A gradient with the shape of the input it belongs to, of its precision (another dtype
     of that precision is converted by the caller)."""
     _same_shape(shape, name, ref_shape, ref_name)
+    _same_precision(dt, name, ref_dt, ref_name)
+
+
+def _same_precision(dt, name: str, ref_dt, ref_name: str = "x") -> None:
+    """dt is of ref_dt's precision: float64 with float64 only, else any of the others."""
     if TABLE[dt][1] != TABLE[ref_dt][1]:
         raise TypeError(f"{name} must be of {ref_name}'s precision ({ref_dt}: float64 only with "
                         f"float64, else float32, float16 or bfloat16); got {dt}")  # fmt: skip
@@ -110,10 +115,10 @@ def weight_offset(value, has_weight: bool = True) -> float:
 
 def out_dtype(value, x_dtype) -> numpy.dtype | None:
     """y's dtype where ``out_dtype`` asks for one other than x's (of x's precision), else None."""
+    if value is None:
+        return None
     dt = dtype_arg(value, x_dtype, "out_dtype")
-    if TABLE[dt][1] != TABLE[x_dtype][1]:
-        raise TypeError(f"out_dtype must be of x's precision ({x_dtype}: float64 only with "
-                        f"float64, else float32, float16 or bfloat16); got {dt}")  # fmt: skip
+    _same_precision(dt, "out_dtype", x_dtype)
     return None if dt == x_dtype else dt
 
 
@@ -123,10 +128,8 @@ def residual(shape, dt, residual_dtype, x_shape, x_dtype) -> numpy.dtype:
     if tuple(shape) != tuple(x_shape):
         raise ValueError(f"residual must have the shape of x {tuple(x_shape)}; got {tuple(shape)}")
     h_dtype = dtype_arg(residual_dtype, dt, "residual_dtype")
-    for name, d in (("residual", dt), ("residual_dtype", h_dtype)):
-        if TABLE[d][1] != TABLE[x_dtype][1]:
-            raise TypeError(f"{name} must be of x's precision ({x_dtype}: float64 only with "
-                            f"float64, else float32, float16 or bfloat16); got {d}")  # fmt: skip
+    _same_precision(dt, "residual", x_dtype)
+    _same_precision(h_dtype, "residual_dtype", x_dtype)
     return h_dtype
 
 

@@ -5,6 +5,7 @@ arrays, no kernel sources."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
 
 # The policies every dense kernel takes first (kernels/policy.cuh): what a row is (x, or
 # x + residual -> h), and what the norm writes (which statistics, y's dtype, w and b).
@@ -66,6 +67,7 @@ SIGNATURES: dict[str, tuple] = {
 }
 
 
+@cache
 def params(name: str) -> tuple[str, ...]:
     """Kernel ``name``'s parameters, its policies' spelled out, in order."""
     out: list[str] = []

@@ -254,12 +254,10 @@ def _residual_plan(n, x_dtype, w_dtype, b_dtype, vec, smem_limit, max_cluster, i
     plain = forward_plan(n, x_dtype, w_dtype, b_dtype, vec, smem_limit, max_cluster, items,
                          one_wave=one_wave, stream=stream and same, affine=affine,
                          res_stream=True)  # fmt: skip
-    if plain.tier == "stream":
-        return _stream_plan(n, vec, dict(T=x_dtype, TY=y_dtype or x_dtype, TW=w_dtype,
-                                         TB=b_dtype),
-                            (plain.tpr, plain.items, plain.arg("PARTIAL")), affine, rms,
-                            residual)  # fmt: skip
     dtypes = dict(T=x_dtype, TY=y_dtype or x_dtype, TW=w_dtype, TB=b_dtype)
+    if plain.tier == "stream":
+        shape = (plain.tpr, plain.items, plain.arg("PARTIAL"))
+        return _stream_plan(n, vec, dtypes, shape, affine, rms, residual)
     block_max = REG_BLOCK_MAX  # (1024-thread blocks cap a thread at 64 registers: spills)
     items = min(items, FWD_RES_ITEMS)
     shape = reg_shape(n, vec, items * vec, block_max)

@@ -101,7 +101,7 @@ def layer_norm(
         return y if out_dtype is None else y.to(out_dtype)
     if out_dtype is not None:
         return norm(input, None, weight, bias, eps, normalized_shape, rms=False,
-                    residual_dtype=None, weight_offset=0.0, out_dtype=out_dtype)[0]  # fmt: skip
+                    weight_offset=0.0, out_dtype=out_dtype)[0]  # fmt: skip
     _check(input, "input")
     for t, name in ((weight, "weight"), (bias, "bias")):
         if t is not None:
@@ -226,18 +226,8 @@ def rms_norm(
         y = torch.nn.functional.rms_norm(input, _shape(normalized_shape), w, eps)
         return y if out_dtype is None else y.to(out_dtype)
     eps = _rms_eps(eps, getattr(input, "dtype", None))
-    return norm(
-        input,
-        None,
-        weight,
-        None,
-        eps,
-        normalized_shape,
-        rms=True,
-        residual_dtype=None,
-        weight_offset=weight_offset,
-        out_dtype=out_dtype,
-    )[0]
+    return norm(input, None, weight, None, eps, normalized_shape, rms=True,
+                weight_offset=weight_offset, out_dtype=out_dtype)[0]  # fmt: skip
 
 
 def add_rms_norm(
@@ -253,9 +243,8 @@ def add_rms_norm(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(y, h)``: h = input + residual, added in float32 and stored in ``residual_dtype``
     (default residual's dtype), and y = rms_norm(h) in input's dtype (or ``out_dtype``, of
-    its precision); one read of input and
-    residual, one write of y and h. Gradients reach input and residual (through both y and
-    h)."""
+    its precision); one read of input and residual, one write of y and h. Gradients reach
+    input and residual (through both y and h)."""
     if isinstance(input, torch.Tensor) and input.device.type == "cpu":
         offset = _cpu_checks(input, normalized_shape, weight, None, residual, weight_offset)
         h = _cpu_add(input, residual, residual_dtype)

@@ -55,11 +55,11 @@ def _fwd_impl(x, residual, weight, bias, eps: float, rms: bool, residual_dtype,
                                _NP[x.dtype])  # fmt: skip
     elif residual_dtype is not None:
         raise ValueError("residual_dtype needs a residual; got residual=None")
-    ydt = _checks.out_dtype(None if out_dtype is None else _NP.get(out_dtype, out_dtype),
-                            _NP[x.dtype])  # fmt: skip
+    ydt = None if out_dtype is None else _checks.out_dtype(_NP.get(out_dtype, out_dtype),
+                                                           _NP[x.dtype])  # fmt: skip
     acc = _acc(x.dtype)
     y = torch.empty_like(x, memory_format=torch.contiguous_format,
-                         dtype=x.dtype if ydt is None else _TORCH[ydt])  # fmt: skip
+                         dtype=x.dtype if ydt is None else out_dtype)  # fmt: skip
     mean = x.new_empty(0, dtype=acc) if rms else _row_stats(x, acc)
     rstd = _row_stats(x, acc)
     h = x.new_empty(0) if hdt is None else torch.empty(x.shape, dtype=_TORCH[hdt], device=x.device)
@@ -86,9 +86,11 @@ def fwd_args(x, residual, weight, bias, eps, rms, residual_dtype=None, weight_of
     """norm_fwd's arguments in its schema's order, its options by keyword at their defaults
     (a new option of the norms is a keyword here and in the schema); the dtype options must
     be torch dtypes or None."""
-    for value, name in ((residual_dtype, "residual_dtype"), (out_dtype, "out_dtype")):
-        if value is not None and not isinstance(value, torch.dtype):
-            raise TypeError(f"{name} must be a torch.dtype or None; got {type(value).__name__}")
+    if residual_dtype is not None or out_dtype is not None:  # (most calls pass neither)
+        for value, name in ((residual_dtype, "residual_dtype"), (out_dtype, "out_dtype")):
+            if value is not None and not isinstance(value, torch.dtype):
+                raise TypeError(f"{name} must be a torch.dtype or None; got "
+                                f"{type(value).__name__}")  # fmt: skip
     return x, residual, weight, bias, eps, rms, residual_dtype, weight_offset, out_dtype
 
 
