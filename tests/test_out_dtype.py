@@ -161,14 +161,16 @@ def test_cupy_y_in_out_dtype(n, pair, rms, residual):
     ref.assert_close(y, yr, f"y ({x_dt} -> {y_dt})")
     if x_dt == F32 and not residual:  # one rounding of the same float32 value as the plain y's
         assert bool((y == plain[0].astype(y_dt)).all()), "y is the plain y rounded once"
-    # the backward takes dy in y's dtype (converted to x's precision's dtype of the input)
+    # the backward takes dy in y's dtype and rounds it to the input's dtype first, as the
+    # reference's dy is
     dy = fresh((m, n), y_dt)
+    dyr = dy.astype(src.dtype)
     if rms:
         dx, dw = cupyln.rms_backward(dy, src, w, got[1])
-        dxr, dwr = ref.rms_backward(dy, src, w, got[1])
+        dxr, dwr = ref.rms_backward(dyr, src, w, got[1])
     else:
         dx, dw, _ = cupyln.backward(dy, src, w, got[1], got[2])
-        dxr, dwr, _ = ref.backward(dy, src, w, mean=got[1], rstd=got[2])
+        dxr, dwr, _ = ref.backward(dyr, src, w, mean=got[1], rstd=got[2])
     assert dx.dtype == src.dtype
     ref.assert_close(dx, dxr, "dx")
     ref.assert_close(dw, dwr, "dw", atol_scale=m**0.5)
