@@ -8,9 +8,11 @@ in float64 from the inputs' exact values, with the textbook two-pass formulas:
     dx = rstd * (g - mean(g) - xhat * mean(g * xhat)),  g = dy * w,  xhat = (x - mean) * rstd
     dw = sum_rows(dy * xhat),  db = sum_rows(dy)
 
-Also what every check shares: the bfloat16 conversions NumPy lacks (``to_float64``,
-``from_float32``: exact bit manipulations, round to nearest even), the seeds' input
-distribution (``sample``) and the one tolerance table (``TOLERANCE``, ``assert_close``).
+``quantize`` is the reference of the quantized outputs (``_formats``): float64 y in each
+format, elements rounded once. Also what every check shares: the bfloat16 conversions NumPy
+lacks (``to_float64``, ``from_float32``: exact bit manipulations, round to nearest even), the
+seeds' input distribution (``sample``) and the one tolerance table (``TOLERANCE``,
+``assert_close``).
 """
 
 from __future__ import annotations
@@ -245,3 +247,87 @@ def jagged_backward(dy, values, offsets, w=None, eps=1e-6):
     dx = (g - c2[seg][:, None] - xhat * c1[seg][:, None]) * rstd[seg][:, None]
     dw = (dy * xhat).sum(axis=0) if w is not None else None
     return dx, dw, dy.sum(axis=0)
+
+
+# ------------------------------------------------------------------------ quantized output
+def quantize(y, quant, *, scale=None, global_amax=None, **options):
+    """(data, scale) of float64 ``y`` (NumPy or CuPy; NumPy results) in the format ``quant``,
+    by the rules of ``cupyln._formats`` (``options``: its ``spec`` keywords). Scales come from
+    the float32 rounding of max|y| and float32 arithmetic, as the kernels form them; elements
+    are ``y`` divided by the stored scale in float64, rounded once to nearest even,
+    saturating. ``scale=``: "fp8"'s static scale; ``global_amax=``: "nvfp4"'s."""
+    from . import _formats as F
+
+    y = numpy.asarray(y.get() if _xp(y) is not numpy else y, dtype=numpy.float64)
+    n = y.shape[-1]
+    s = F.spec(quant, n, **options)
+    rows = y.reshape(-1, n)
+    f32 = numpy.float32
+    if s.name == "fp8":
+        if scale is None:
+            raise ValueError("quant='fp8' needs scale=")
+        sc = f32(scale)
+        return _cast(y / float(sc), s), numpy.asarray(sc)
+    if s.name == "nvfp4":
+        if global_amax is None:
+            raise ValueError("quant='nvfp4' needs global_amax=")
+        g = f32(global_amax)
+        big = f32(448.0 * 6.0) / g if g else f32(1.0)
+        amax = _amax(rows, s.block)
+        sb = numpy.minimum(amax / f32(6.0) * big, f32(448.0)).astype(F.E4M3)  # saturating
+        sv = sb.astype(numpy.float64)
+        v = rows.reshape(len(rows), -1, s.block) * float(big)
+        with numpy.errstate(divide="ignore", invalid="ignore"):
+            v = numpy.where(sv[..., None] > 0, v / sv[..., None], 0.0)
+        codes = _cast(v.reshape(rows.shape), s).view(numpy.uint8)
+        data = (codes[:, 0::2] | (codes[:, 1::2] << 4)).astype(numpy.uint8)
+        return data.reshape(*y.shape[:-1], n // 2), _layout(sb, y.shape, s)
+    amax = _amax(rows, s.block)
+    if s.scale_ub is not None:
+        amax = numpy.minimum(amax, f32(s.scale_ub))
+    if s.name == "mxfp8":
+        with numpy.errstate(divide="ignore"):
+            mant, exp = numpy.frexp(amax.astype(numpy.float64) / s.max)
+        exp = numpy.clip(numpy.where(mant == 0.5, exp - 1, exp), -127, 127)  # ceil(log2)
+        sv = numpy.ldexp(1.0, exp)
+        byte = numpy.where(amax > 0, exp + F.E8M0_BIAS, 0).astype(numpy.uint8)
+    else:
+        sc = numpy.maximum(amax, f32(F.MIN_AMAX)) / f32(s.max)
+        if s.pow2_scale:
+            mant, exp = numpy.frexp(sc.astype(numpy.float64))
+            sc = numpy.ldexp(1.0, numpy.where(mant == 0.5, exp - 1, exp)).astype(f32)
+        sv, byte = sc.astype(numpy.float64), sc
+    width = s.block or n
+    pad = -n % width
+    v = numpy.pad(rows, ((0, 0), (0, pad))).reshape(len(rows), -1, width) / sv[..., None]
+    data = _cast(v.reshape(len(rows), -1)[:, :n], s).reshape(y.shape)  # zero blocks: s = 1
+    return data, _layout(byte, y.shape, s)
+
+
+def _amax(rows, block):
+    """max|y| of each block of ``block`` along the rows (0: the whole row) as float32, the
+    last block partial: [M, blocks]."""
+    n = rows.shape[1]
+    width = block or n
+    pad = -n % width
+    a = numpy.abs(numpy.pad(rows, ((0, 0), (0, pad))).reshape(len(rows), -1, width))
+    return a.max(axis=2).astype(numpy.float32)
+
+
+def _cast(v, s):
+    """``v`` (float64) to the format's elements: nearest even, saturating at its largest."""
+    return numpy.clip(v, -s.max, s.max).astype(s.dtype)
+
+
+def _layout(scales, shape, s):
+    """[M, blocks] scales as the call returns them: [..., blocks] ("rows"), or the 2-D
+    128x4-tiled layout ("cublas", padding zero)."""
+    if s.scale_layout == "rows":
+        return scales.reshape(*shape[:-1], scales.shape[1])
+    from . import _formats as F
+
+    m, blocks = scales.shape
+    out = numpy.zeros(F.cublas_shape(m, blocks), scales.dtype)
+    r, c = numpy.indices((m, blocks))
+    out.reshape(-1)[F.cublas_offset(r, c, blocks)] = scales
+    return out

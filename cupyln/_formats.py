@@ -1,0 +1,130 @@
+"""The one table of quantized output formats: y written for the next low-precision GEMM in the
+norm's own pass (``quant=``). What each format's elements, blocks and scales are, and the
+checked options of one call (``spec``), which the API, the bridges, the reference and the plans
+share.
+
+- "fp8": per tensor, the caller's static ``scale``: data = fp8(y / scale).
+- "fp8_row": per row, s = max(amax_row, 1e-12) / FP8_MAX (amax clamped to ``scale_ub``).
+- "fp8_block": blocks of ``block`` (128 or 64) along the row, the last one partial; s as per
+  row, rounded up to a power of two with ``pow2_scale``.
+- "mxfp8": OCP MX, blocks of 32, s = 2^ceil(log2(amax / FP8_MAX)) stored as E8M0.
+- "nvfp4": blocks of 16, e2m1 elements two a byte (the first in the low nibble), block scales
+  e4m3 = amax / 6 * S with S = 448 * 6 / ``global_amax``.
+
+Rounding is to nearest even and saturating; fp8 is e4m3 unless ``fp8_dtype="e5m2"``.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import ml_dtypes
+import numpy
+
+E4M3 = numpy.dtype(ml_dtypes.float8_e4m3fn)
+E5M2 = numpy.dtype(ml_dtypes.float8_e5m2)
+E2M1 = numpy.dtype(ml_dtypes.float4_e2m1fn)  # one element a byte in NumPy; packed in outputs
+E8M0 = numpy.dtype(numpy.uint8)  # the biased exponent's byte, as CuPy and NumPy hold it
+
+FP8 = {"e4m3": (E4M3, 448.0), "e5m2": (E5M2, 57344.0)}  # fp8_dtype -> (dtype, largest value)
+FP4_MAX = 6.0
+MIN_AMAX = 1e-12  # a block of zeros gets a tiny scale, not a division by zero
+E8M0_BIAS = 127
+
+
+class Format(NamedTuple):
+    """``block``: elements a scale covers along the row (0: the whole row, None: the tensor);
+    ``scale``: how scales are stored ("given": the caller's, "float32", "e8m0", "e4m3");
+    ``divides``: whether N must be a multiple of the block."""
+
+    block: int | None
+    scale: str
+    divides: bool = False
+
+
+FORMATS = {
+    "fp8": Format(None, "given"),
+    "fp8_row": Format(0, "float32"),
+    "fp8_block": Format(128, "float32"),
+    "mxfp8": Format(32, "e8m0", divides=True),
+    "nvfp4": Format(16, "e4m3", divides=True),
+}
+FP8_BLOCKS = (128, 64)
+CUBLAS = ("mxfp8", "nvfp4")  # the formats whose scales cuBLAS reads in 128x4 tiles
+
+
+class Spec(NamedTuple):
+    """One call's checked quantization: format name, elements per scale (0: the row, None: the
+    tensor), the element dtype and its largest value, and the options the format takes."""
+
+    name: str
+    block: int | None
+    dtype: numpy.dtype
+    max: float
+    scale_layout: str = "rows"
+    pow2_scale: bool = False
+    scale_ub: float | None = None
+
+    def blocks(self, n: int) -> int:
+        """Scales a row of ``n`` holds (1 per row for "fp8_row", 0 for "fp8")."""
+        if self.block is None:
+            return 0
+        return 1 if self.block == 0 else -(-n // self.block)
+
+
+def spec(quant, n: int, *, fp8_dtype="e4m3", block=None, pow2_scale=False, scale_ub=None,
+         scale_layout="rows") -> Spec:  # fmt: skip
+    """The checked ``quant=`` options of a call over rows of ``n``: TypeError/ValueError naming
+    the argument, what it takes and what came, before anything is written. The per-call
+    operands (``scale=``, ``global_amax=``, ``amax=``) are the API's to check."""
+    if not isinstance(quant, str):
+        raise TypeError(f"quant must be a format name or None; got {type(quant).__name__}")
+    fmt = FORMATS.get(quant)
+    if fmt is None:
+        raise ValueError(f"quant must be one of {', '.join(FORMATS)}; got {quant!r}")
+    if quant == "nvfp4":
+        if fp8_dtype != "e4m3":
+            raise ValueError(f"fp8_dtype does not apply to nvfp4 (e2m1); got {fp8_dtype!r}")
+        dtype, top = E2M1, FP4_MAX
+    else:
+        if fp8_dtype not in FP8:
+            raise ValueError(f"fp8_dtype must be 'e4m3' or 'e5m2'; got {fp8_dtype!r}")
+        dtype, top = FP8[fp8_dtype]
+    size = fmt.block
+    if block is not None:
+        if quant != "fp8_block":
+            raise ValueError(f"block= applies to fp8_block only; got block={block!r} with {quant}")
+        if block not in FP8_BLOCKS:
+            raise ValueError(f"block must be 128 or 64; got {block!r}")
+        size = int(block)
+    if fmt.divides and n % size:
+        raise ValueError(f"{quant} needs N to be a multiple of {size}; got N = {n}")
+    if pow2_scale and quant != "fp8_block":
+        raise ValueError(f"pow2_scale applies to fp8_block only; got it with {quant}")
+    if scale_ub is not None:
+        if quant != "fp8_row":
+            raise ValueError(f"scale_ub applies to fp8_row only; got it with {quant}")
+        if isinstance(scale_ub, bool) or not isinstance(scale_ub, (int, float, numpy.floating)):
+            raise TypeError(f"scale_ub must be a positive float; got {type(scale_ub).__name__}")
+        if not 0 < float(scale_ub) < float("inf"):
+            raise ValueError(f"scale_ub must be a positive finite float; got {scale_ub}")
+        scale_ub = float(scale_ub)
+    if scale_layout not in ("rows", "cublas"):
+        raise ValueError(f"scale_layout must be 'rows' or 'cublas'; got {scale_layout!r}")
+    if scale_layout == "cublas" and quant not in CUBLAS:
+        raise ValueError(f"scale_layout='cublas' is for {' and '.join(CUBLAS)}; got {quant}")
+    return Spec(quant, size, dtype, top, scale_layout, bool(pow2_scale), scale_ub)
+
+
+def cublas_shape(rows: int, blocks: int) -> tuple[int, int]:
+    """The padded 2-D shape of the 128x4-tiled scales of ``rows`` x ``blocks``."""
+    return -(-rows // 128) * 128, -(-blocks // 4) * 4
+
+
+def cublas_offset(r, c, blocks: int):
+    """Where the scale of row ``r``, block ``c`` lies in the flattened 128x4-tiled layout: tiles
+    of 128 rows x 4 blocks in row-major order of tiles, each 512 bytes holding its rows r as
+    (r % 32, r // 32 % 4) and its blocks c % 4 innermost (NumPy integers or arrays)."""
+    tiles_per_row = -(-blocks // 4)
+    tile = (r // 128) * tiles_per_row + c // 4
+    return tile * 512 + (r % 32) * 16 + (r % 128 // 32) * 4 + c % 4
