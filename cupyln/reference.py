@@ -288,7 +288,8 @@ def quantize(y, quant, *, scale=None, global_amax=None, **options):
     if s.name == "mxfp8":
         with numpy.errstate(divide="ignore"):
             mant, exp = numpy.frexp(amax.astype(numpy.float64) / s.max)
-        exp = numpy.clip(numpy.where(mant == 0.5, exp - 1, exp), -127, 127)  # ceil(log2)
+        exp = numpy.where(mant == 0.5, exp - 1, exp)  # ceil(log2)
+        exp = numpy.clip(numpy.where(numpy.isinf(amax), 127, exp), -127, 127)
         sv = numpy.ldexp(1.0, exp)
         byte = numpy.where(amax > 0, exp + F.E8M0_BIAS, 0).astype(numpy.uint8)
     else:

@@ -1,0 +1,91 @@
+// cupyln/kernels/quant.cuh -- float32 to the elements and scales of the quantized output
+// formats (cupyln/_formats.py), rounded to nearest even and saturating.
+//
+//   * to_e4m3 / to_e5m2: one fp8 byte (largest 448 / 57344; beyond, infinities included, the
+//     largest of the sign; NaN gives the format's NaN, 0x7f or 0xff);
+//   * to_e2m1: one fp4 code in the low nibble (0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives;
+//     beyond 6 the largest); pack_e2m1: two codes a byte, the first in the low nibble;
+//   * e8m0_of: the biased exponent of an MX block scale, 2^ceil(log2(amax / top)) with top =
+//     448 or 57344 (0 for an all-zero block, 254 for infinity, 0xff for NaN), and
+//     inv_scale_of_e8m0: the power of two that a block's values are multiplied by.
+//
+// The fp8 bytes are formed on the bits of the float: sm_89 and newer have a conversion
+// instruction for the same rounding, which a Store can use in their place; these are exact on
+// every architecture from sm_80 on. Arithmetic before them is the caller's (y / s or y * 1/s).
+#pragma once
+
+namespace cupyln {
+
+// |f|'s bits rounded to nearest even at mantissa bit SHIFT (the field below it dropped),
+// rebiased from float32's exponent bias to BIAS: the code of a normal number of the format.
+template <int SHIFT, int BIAS>
+__device__ __forceinline__ unsigned int round_bits(const unsigned int mag) {
+  const unsigned int r = mag + ((1u << (SHIFT - 1)) - 1u) + ((mag >> SHIFT) & 1u);
+  return (r >> SHIFT) - (static_cast<unsigned int>(127 - BIAS) << (23 - SHIFT));
+}
+
+// e4m3: bias 7, 3 mantissa bits, normal from 2^-6, subnormal step 2^-9.
+__device__ __forceinline__ unsigned char to_e4m3(const float f) {
+  const unsigned int u = __float_as_uint(f);
+  const unsigned int sign = (u >> 24) & 0x80u;
+  const unsigned int mag = u & 0x7fffffffu;
+  if (mag > 0x7f800000u) return static_cast<unsigned char>(sign | 0x7fu);  // NaN
+  if (mag > 0x43e00000u) return static_cast<unsigned char>(sign | 0x7eu);  // past 448
+  if (mag >= 0x3c800000u) return static_cast<unsigned char>(sign | round_bits<20, 7>(mag));
+  const float a = __uint_as_float(mag) * 512.0f;  // exact: a power of two
+  return static_cast<unsigned char>(sign | static_cast<unsigned int>(rintf(a)));
+}
+
+// e5m2: bias 15, 2 mantissa bits, normal from 2^-14, subnormal step 2^-16.
+__device__ __forceinline__ unsigned char to_e5m2(const float f) {
+  const unsigned int u = __float_as_uint(f);
+  const unsigned int sign = (u >> 24) & 0x80u;
+  const unsigned int mag = u & 0x7fffffffu;
+  if (mag > 0x7f800000u) return static_cast<unsigned char>(sign | 0x7fu);  // NaN
+  if (mag > 0x47600000u) return static_cast<unsigned char>(sign | 0x7bu);  // past 57344
+  if (mag >= 0x38800000u) return static_cast<unsigned char>(sign | round_bits<21, 15>(mag));
+  const float a = __uint_as_float(mag) * 65536.0f;
+  return static_cast<unsigned char>(sign | static_cast<unsigned int>(rintf(a)));
+}
+
+// e2m1: bias 1, 1 mantissa bit, normal from 1, subnormal step 0.5; NaN gives 0 (none in e2m1).
+__device__ __forceinline__ unsigned int to_e2m1(const float f) {
+  const unsigned int u = __float_as_uint(f);
+  const unsigned int sign = (u >> 28) & 0x8u;
+  const unsigned int mag = u & 0x7fffffffu;
+  if (mag > 0x7f800000u) return 0u;
+  if (mag > 0x40c00000u) return sign | 0x7u;  // past 6
+  if (mag >= 0x3f800000u) return sign | round_bits<22, 1>(mag);
+  return sign | static_cast<unsigned int>(rintf(__uint_as_float(mag) * 2.0f));
+}
+
+__device__ __forceinline__ unsigned char pack_e2m1(const float first, const float second) {
+  return static_cast<unsigned char>(to_e2m1(first) | (to_e2m1(second) << 4));
+}
+
+// The E8M0 byte of a block whose largest magnitude is amax (>= 0), for elements whose largest
+// value is top = 0.875 * 2^TOP_EXP (448: 9, 57344: 16): the least e with amax <= top * 2^e,
+// clamped to [-127, 127], biased by 127; decided exactly on amax's exponent and mantissa
+// (amax = 1.f * 2^E exceeds 0.875 * 2^(E + 1) where f > 0.75). Zero and subnormal amax give
+// 0 (2^-127), NaN 0xff.
+template <int TOP_EXP>
+__device__ __forceinline__ unsigned char e8m0_of(const float amax) {
+  const unsigned int u = __float_as_uint(amax);
+  if (u > 0x7f800000u) return 0xffu;
+  if (u == 0x7f800000u) return 254u;  // infinite: no e covers it, the largest
+  if (u < 0x00800000u) return 0u;
+  int e = static_cast<int>(u >> 23) - 127 + 1 - TOP_EXP + ((u & 0x7fffffu) > 0x600000u ? 1 : 0);
+  e = e < -127 ? -127 : (e > 127 ? 127 : e);
+  return static_cast<unsigned char>(e + 127);
+}
+
+// 1 / 2^(byte - 127) of an E8M0 byte other than 0xff, a normal float (byte 254: 2^-126), by
+// which a block's values are multiplied: exact, as the division by the scale, and finite
+// where the scale is a subnormal float (byte 0: a block of zeros, or of values below
+// 448 * 2^-127).
+__device__ __forceinline__ float inv_scale_of_e8m0(const unsigned char byte) {
+  const unsigned int b = byte > 253u ? 253u : byte;
+  return __uint_as_float((254u - b) << 23);
+}
+
+}  // namespace cupyln
