@@ -20,7 +20,7 @@ from ._api import (
 from ._control import precompile
 from ._jagged import jagged_backward, jagged_forward, jagged_layer_norm
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 __all__ = [
     "forward",
     "backward",

@@ -27,7 +27,14 @@ class Cuda:
 def cupy():
     """The cupy module."""
     if not loaded:
-        import cupy as cp
+        try:
+            import cupy as cp
+        except ImportError as err:
+            raise ModuleNotFoundError(
+                "cupyln needs CuPy, which comes with an extra for the machine's CUDA driver: "
+                'pip install "cupyln[cuda12]" (or "cupyln[cuda13]")',
+                name="cupy",
+            ) from err
 
         loaded.extend((cp, Cuda(cp)))
     return loaded[0]

@@ -324,36 +324,49 @@ def plot(rows, path, copy_gbs=None, title=""):
     plt.close(fig)
 
 
+def _timed(gbs) -> bool:
+    """A measured GB/s: None where a direction was not timed, NaN where a provider has none."""
+    return gbs is not None and gbs == gbs
+
+
 def figure(rows, copy_gbs=None, title=""):
     """GB/s against N (log scale), forward and backward side by side (either alone where the
     rows time one direction), one line per provider, the copy bandwidth as a dashed ceiling.
-    ``rows``: Rows or their dicts."""
+    Jagged rows (``bench --jagged``) against B, a line per provider, D and dtype. ``rows``:
+    Rows or their dicts."""
     import matplotlib.pyplot as plt
 
     rows = as_dicts(rows)
     panels = [
         (key, name)
         for key, name in (("fwd", "forward"), ("bwd", "backward"))
-        if any(r.get(f"{key}_GBs") is not None for r in rows)
+        if any(_timed(r.get(f"{key}_GBs")) for r in rows)
     ]
     if not panels:
         raise ValueError("rows: no forward or backward GB/s to plot")
     fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4), sharey=True,
                              squeeze=False)  # fmt: skip
     axes = axes[0]
+    # dense rows against N; jagged rows (bench --jagged) against B, a line per D and dtype
+    x = "N" if any("N" in r for r in rows) else "B"
+    varying = [k for k in ("dtype", "D") if len({r.get(k) for r in rows}) > 1]
+
+    def series(r) -> str:
+        return " ".join([r["provider"]] + [f"{k}={r[k]}" if k == "D" else r[k] for k in varying])
+
     for ax, (key, name) in zip(axes, panels):
-        for provider in dict.fromkeys(r["provider"] for r in rows):
+        for label in dict.fromkeys(series(r) for r in rows):
             rs = sorted(
-                (r for r in rows if r["provider"] == provider and r.get(f"{key}_GBs") is not None),
-                key=lambda r: r["N"],
+                (r for r in rows if series(r) == label and _timed(r.get(f"{key}_GBs"))),
+                key=lambda r: r[x],
             )
-            ax.plot([r["N"] for r in rs], [r[f"{key}_GBs"] for r in rs], marker="o",
-                    label=provider)  # fmt: skip
+            ax.plot([r[x] for r in rs], [r[f"{key}_GBs"] for r in rs], marker="o",
+                    label=label)  # fmt: skip
         if copy_gbs:
             ax.axhline(copy_gbs, ls="--", color="gray", label=f"copy {copy_gbs:.0f} GB/s")
         ax.set_xscale("log", base=2)
         ax.set_ylim(bottom=0)
-        ax.set_xlabel("N (row width)")
+        ax.set_xlabel("N (row width)" if x == "N" else "B (sequences)")
         ax.set_title(f"{name} {title}".strip())
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("GB/s")

@@ -1,5 +1,6 @@
-"""``python -m cupyln``: ``info`` (versions, GPU, cache), ``check`` (correctness against the
-float64 reference, the Triton tutorial's own check first) and ``bench`` (GB/s against copy)."""
+"""python -m cupyln: info (versions, GPUs, kernel cache), check (every tier against the
+float64 reference, the Triton tutorial's own check first), bench (GB/s against the copy
+bandwidth) and plot (a saved bench --json file as a PNG)."""
 
 from __future__ import annotations
 
@@ -342,7 +343,9 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m cupyln", description=__doc__)
     p.add_argument("--version", action="version", version=f"cupyln {_version()}")
     sub = p.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("info", help="versions, GPUs, kernel cache").set_defaults(fn=cmd_info)
+    info = sub.add_parser("info", help="versions, GPUs, kernel cache")
+    info.add_argument("--version", action="version", version=f"cupyln {_version()}")
+    info.set_defaults(fn=cmd_info)
     sub.add_parser("check", help="correctness against the float64 reference").set_defaults(
         fn=cmd_check
     )

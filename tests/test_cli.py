@@ -127,3 +127,42 @@ def test_bench_refuses_unknown_directions():
     for bad in ((), ("sideways",), ("forward", "fwd"), "both"):
         with pytest.raises(ValueError, match="directions"):
             bench.run(directions=bad)
+
+
+def test_help_and_version():
+    r = run("--help")
+    assert r.returncode == 0 and "``" not in r.stdout, r.stdout  # no raw markup
+    assert all(cmd in r.stdout for cmd in ("info", "check", "bench", "plot"))
+    from cupyln import __version__
+
+    for args in (("--version",), ("info", "--version")):
+        r = run(*args)
+        assert r.returncode == 0 and r.stdout.strip() == f"cupyln {__version__}", (args, r)
+
+
+def test_plot_renders_jagged_results(tmp_path):
+    """bench --jagged --json rows (B sequences of D) plot against B, a line per D and dtype."""
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    from cupyln import bench
+
+    rows = [
+        {"provider": p, "dtype": dt, "B": b, "D": d, "fwd_GBs": g * b, "bwd_GBs": float("nan")}
+        for p, g in (("cupyln", 3.0), ("torch vectorized", 1.0))
+        for dt in ("float32", "bfloat16")
+        for d in (32, 256)
+        for b in (32, 256, 2048)
+    ]
+    src = tmp_path / "j.json"
+    src.write_text(json.dumps({"copy_GBs": 4200.0, "rows": rows}))
+    png = tmp_path / "j.png"
+    r = run("plot", str(src), str(png))
+    assert r.returncode == 0, r.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    fig = bench.figure(rows, 4200.0)
+    lines = [ln for ln in fig.axes[0].get_lines() if ln.get_label() != "copy 4200 GB/s"]
+    assert len(lines) == 8 and "cupyln bfloat16 D=256" in {ln.get_label() for ln in lines}
+    assert list(lines[0].get_xdata()) == [32, 256, 2048]
+    assert fig.axes[0].get_xlabel() == "B (sequences)"
+    plt.close(fig)
