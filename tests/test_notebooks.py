@@ -38,6 +38,16 @@ def test_committed_notebook_was_executed_cleanly(path):
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_cells_have_ids_and_cite_only_the_repository(path):
+    import json
+
+    cells = json.loads(path.read_text())["cells"]  # as committed, before nbformat fills ids in
+    assert all(c.get("id") for c in cells), [i for i, c in enumerate(cells) if not c.get("id")]
+    for c in cells:
+        assert "shared/" not in "".join(c["source"]), "a file outside the repository is cited"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_uses_only_the_public_api(path):
     nb = nbformat.read(path, as_version=4)
     for c in nb.cells:
