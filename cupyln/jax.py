@@ -1,4 +1,5 @@
-"""JAX bridge: cupyln's kernels on JAX GPU arrays, differentiable, eagerly and under jax.jit.
+"""JAX bridge: cupyln's kernels on JAX GPU arrays, differentiable, eagerly and under jax.jit
+(a program placed on the CPU computes the same function with JAX's own ops).
 
     import cupyln.jax
     y = cupyln.jax.layer_norm(x, weight, bias, eps)   # over the last dimension
@@ -141,15 +142,63 @@ def _check(a, name: str, n: int | None = None):
     return jnp.asarray(a)
 
 
-def _check_device(a, name: str) -> None:
-    if a is None:
-        return
-    held = devices(a)
-    if held is None:  # a tracer under jit: XLA places it
-        return
-    platforms = {d.platform for d in held}
-    if platforms != {"gpu"}:
-        raise ValueError(f"{name} must be on a GPU; got an array on {sorted(platforms)}")
+def _check_devices(named) -> None:
+    """The concrete arrays of (array, name) pairs are on GPUs, or all on the CPU (under jit,
+    XLA places tracers: the program's platform picks the path)."""
+    seen = {}
+    for a, name in named:
+        held = None if a is None else devices(a)
+        if held is None:
+            continue
+        platforms = {d.platform for d in held}
+        if not platforms <= {"gpu", "cpu"} or len(platforms) > 1:
+            raise ValueError(f"{name} must be on a GPU or the CPU; got an array on "
+                             f"{sorted(platforms)}")  # fmt: skip
+        seen.setdefault(platforms.pop(), name)
+    if len(seen) > 1:
+        raise ValueError(f"{seen['cpu']} is on the CPU and {seen['gpu']} on a GPU; put the "
+                         "arrays of a call on one platform")  # fmt: skip
+
+
+# ------------------------------------------------------------------ on the CPU
+# Kernels run on GPUs; a program placed on the CPU computes the same function with JAX's own
+# ops (the kernels' arithmetic: float32, float64 for float64 rows; y rounded once), and JAX
+# differentiates it. lax.platform_dependent picks the branch when the program is lowered, so
+# a GPU program holds the kernels alone. The tests that compile the kernels' partitioning on
+# CPU devices set _KERNELS_ON_CPU.
+_KERNELS_ON_CPU = False
+
+
+def _norm_on_cpu(x2, r2, w, b, eps, rms, h_dtype, y_dtype):
+    acc = acc_dtype(_dtype(x2))
+    if r2 is None:
+        src, h = x2, jnp.zeros((0,), x2.dtype)  # as the kernels' call: no h
+    else:
+        src = h = (x2.astype(acc) + r2.astype(acc)).astype(h_dtype)
+    v = src.astype(acc)
+    if rms:
+        v = v * jax.lax.rsqrt(jnp.mean(v * v, axis=-1, keepdims=True) + eps)
+    else:
+        d = v - jnp.mean(v, axis=-1, keepdims=True)
+        v = d * jax.lax.rsqrt(jnp.mean(d * d, axis=-1, keepdims=True) + eps)
+    if w is not None:
+        v = v * w.astype(acc)
+    if b is not None:
+        v = v + b.astype(acc)
+    # typed as the kernels' outputs are inside jax.shard_map (varying as the inputs)
+    return _varying((v.astype(y_dtype or x2.dtype), h), _given((x2, r2, w, b))[0])
+
+
+def _on_platform(x2, r2, w, b, eps, rms, h_dtype, y_dtype):
+    """(y, h) by the kernels on a GPU, by JAX's ops on the CPU."""
+    static = (eps, rms, h_dtype, y_dtype)
+    if _KERNELS_ON_CPU:
+        return _norm(x2, r2, w, b, *static)
+    return jax.lax.platform_dependent(
+        x2, r2, w, b,
+        cpu=lambda *a: _norm_on_cpu(*a, *static),
+        default=lambda *a: _norm(*a, *static),
+    )  # fmt: skip
 
 
 def layer_norm(x: jax.Array, weight: jax.Array | None = None, bias: jax.Array | None = None,
@@ -158,7 +207,8 @@ def layer_norm(x: jax.Array, weight: jax.Array | None = None, bias: jax.Array | 
     """LayerNorm over the last dimension of ``x`` with cupyln's kernels (differentiable).
 
     Args:
-        x: JAX array (..., N) on a GPU, float32, float16, bfloat16 (or float64 with x64 on).
+        x: JAX array (..., N) on a GPU (or the CPU: JAX's ops), float32, float16, bfloat16
+            (or float64 with x64 on).
         weight, bias: optional arrays of shape (N,), each with its own dtype from that list.
         eps: added to the biased variance; finite and >= 0.
         weight_offset: the scale is weight + weight_offset; dw is unchanged by it.
@@ -331,14 +381,13 @@ def _apply(x, residual, weight, bias, eps, *, rms, residual_dtype=None, weight_o
         raise ValueError("residual_dtype needs a residual; got residual=None")
     if offset:
         weight = weight.astype(acc_dtype(_dtype(x))) + offset  # dw passes through the add
-    for a, name in ((x, "x"), (residual, "residual"), (weight, "weight"), (bias, "bias")):
-        _check_device(a, name)
+    _check_devices(((x, "x"), (residual, "residual"), (weight, "weight"), (bias, "bias")))
     m = math.prod(x.shape[:-1])
     if m == 0:
         h = None if residual is None else jnp.zeros(x.shape, h_dtype)
         return jnp.zeros(x.shape, y_dtype or _dtype(x)), h
     r2 = None if residual is None else residual.reshape(m, n)
-    y, h = _norm(x.reshape(m, n), r2, weight, bias, eps, rms, h_dtype, y_dtype)
+    y, h = _on_platform(x.reshape(m, n), r2, weight, bias, eps, rms, h_dtype, y_dtype)
     return y.reshape(x.shape), None if residual is None else h.reshape(x.shape)
 
 

@@ -1,4 +1,5 @@
-"""CPU tier of the JAX bridge: the import error without JAX, validation before any launch."""
+"""CPU tier of the JAX bridge: the import error without JAX, validation before any launch, the
+CPU path (JAX's own ops) against the reference, and the kernels' program as XLA partitions it."""
 
 import json
 import subprocess
@@ -36,20 +37,88 @@ def test_validation_errors_name_the_argument():
         cj.layer_norm(jnp.float32(1.0))
 
 
-def test_cpu_arrays_are_refused():
+def _cpu_case(seed, dtype="float32", n=96):
+    import numpy as np
+
+    from cupyln import reference as ref
+
+    x, r = (ref.sample((5, 3, n), dtype, seed=seed + i, xp=np) for i in (0, 1))
+    w, b = (ref.sample((n,), "float32", seed=seed + i, xp=np) for i in (2, 3))
+    return x, r, w, b
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_cpu_arrays_take_jax_ops_with_the_kernels_semantics(dtype):
+    """On the CPU (eager and jitted) the four functions compute what the kernels compute: the
+    float64 reference's y, h added in float32 and stored in residual_dtype, weight_offset, y in
+    out_dtype; and the program holds no kernel call."""
+    jax = pytest.importorskip("jax")
+    cj = pytest.importorskip("cupyln.jax")
+    import numpy as np
+
+    from cupyln import reference as ref
+
+    jnp = jax.numpy
+    x, r, w, b = _cpu_case(10, dtype)
+    jx, jr, jw, jb = map(jnp.asarray, (x, r, w, b))
+    h = ref.add(x, r, np.float32)
+    cases = {
+        "layer_norm": (lambda *a: cj.layer_norm(a[0], a[2], a[3]), ref.forward(x, w, b)[0]),
+        "rms_norm": (lambda *a: cj.rms_norm(a[0], a[2], weight_offset=1.0),
+                     ref.rms_forward(x, w, weight_offset=1.0)[0]),
+        "add_rms_norm": (lambda *a: cj.add_rms_norm(a[0], a[1], a[2], residual_dtype="float32")[0],
+                         ref.rms_forward(h, w)[0]),
+        "add_layer_norm": (lambda *a: cj.add_layer_norm(a[0], a[1], a[2], a[3],
+                                                        residual_dtype="float32")[0],
+                           ref.forward(h, w, b)[0]),
+    }  # fmt: skip
+    for name, (f, want) in cases.items():
+        for how, g in (("eager", f), ("jit", jax.jit(f))):
+            y = g(jx, jr, jw, jb)
+            assert y.dtype == jx.dtype and y.devices() == {jax.devices("cpu")[0]}, (name, how)
+            ref.assert_close(np.asarray(y), want, f"{name} {how}")
+        assert "callback" not in jax.jit(f).lower(jx, jr, jw, jb).as_text(), name
+    y, hh = cj.add_rms_norm(jx, jr, jw, residual_dtype="float32")
+    assert hh.dtype == jnp.float32 and np.array_equal(np.asarray(hh), h)
+    y = cj.layer_norm(jx.astype(jnp.float32), jw, jb, out_dtype=jnp.bfloat16)
+    assert y.dtype == jnp.bfloat16
+
+
+def test_cpu_gradients_match_the_reference():
+    jax = pytest.importorskip("jax")
+    cj = pytest.importorskip("cupyln.jax")
+    import numpy as np
+
+    from cupyln import reference as ref
+
+    x, r, w, b = _cpu_case(20)
+    dy = ref.sample(x.shape, "float32", seed=30, xp=np)
+    jx, jw, jb, jdy = map(jax.numpy.asarray, (x, w, b, dy))
+
+    def loss(f):
+        return lambda *a: (f(*a) * jdy).sum()
+
+    dx, dw, db = jax.jit(jax.grad(loss(cj.layer_norm), argnums=(0, 1, 2)))(jx, jw, jb)
+    want = ref.backward(dy, x, w)
+    rows = x.shape[0] * x.shape[1]
+    for got, ref_, what in zip((dx, dw, db), want, ("dx", "dw", "db")):
+        ref.assert_close(np.asarray(got), ref_, what, atol_scale=rows**0.5 if what != "dx" else 1)
+    dx, dw = jax.grad(loss(cj.rms_norm), argnums=(0, 1))(jx, jw)
+    want = ref.rms_backward(dy, x, w)
+    ref.assert_close(np.asarray(dx), want[0], "rms dx")
+    ref.assert_close(np.asarray(dw), want[1], "rms dw", atol_scale=rows**0.5)
+
+
+def test_arrays_of_one_call_share_a_platform():
     jax = pytest.importorskip("jax")
     cj = pytest.importorskip("cupyln.jax")
     x = jax.device_put(jax.numpy.ones((4, 8)), jax.devices("cpu")[0])
-    with pytest.raises(ValueError, match="must be on a GPU"):
-        cj.layer_norm(x)
-
-
-def test_a_computation_placed_on_the_cpu_says_it_needs_a_gpu():
-    jax = pytest.importorskip("jax")
-    cj = pytest.importorskip("cupyln.jax")
-    x = jax.device_put(jax.numpy.ones((4, 8)), jax.devices("cpu")[0])
-    with pytest.raises(Exception, match="cupyln.jax runs on GPU arrays"):
-        jax.jit(cj.layer_norm)(x)
+    gpus = [d for d in jax.devices() if d.platform == "gpu"]
+    if not gpus:
+        pytest.skip("needs a GPU beside the CPU")
+    w = jax.device_put(jax.numpy.ones(8), gpus[0])
+    with pytest.raises(ValueError, match="x is on the CPU and weight on a GPU"):
+        cj.layer_norm(x, w)
 
 
 def test_vmap_loops_over_the_batch():
@@ -87,6 +156,7 @@ import jax, jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec as P
 import cupyln.jax as cj
 
+cj._KERNELS_ON_CPU = True  # the kernels' program, compiled for CPU devices: its partitioning
 jax.config.update("jax_use_shardy_partitioner", sys.argv[1] == "shardy")
 mesh = jax.make_mesh((2,), ("d",))
 w, b = jnp.ones(32, jnp.float32), jnp.zeros(32, jnp.float32)
