@@ -308,11 +308,20 @@ class RMSNorm(torch.nn.RMSNorm):
         return rms_norm(x, self.normalized_shape, self.weight, self.eps)
 
 
-def replace_norms(module: torch.nn.Module) -> torch.nn.Module:
-    """Make every ``torch.nn.LayerNorm`` and ``torch.nn.RMSNorm`` in ``module`` cupyln's, in
-    place (parameters, buffers and hooks kept); returns ``module``."""
+def replace_norms(module: torch.nn.Module, *, strict: bool = False) -> torch.nn.Module:
+    """Make the norms of ``module`` compute with cupyln, in place (parameters, buffers, hooks
+    and ``state_dict`` keys kept); returns ``module``.
+
+    ``torch.nn.LayerNorm`` and ``torch.nn.RMSNorm`` become cupyln's; other norm modules (those
+    of Hugging Face models: Llama, Mistral, Qwen2/3 with q_norm and k_norm, Gemma 1-3, OLMo2,
+    Phi-3, DeepSeek-V3, T5) are recognised by what they compute, and keep their rounding (see
+    ``cupyln.torch._models``). The names taken and the norm-like modules left are logged to
+    the "cupyln" logger; ``strict=True`` raises ValueError where one is left."""
+    from ._models import replace_model_norms
+
     replace_layer_norms(module)
     for m in module.modules():
         if type(m) is torch.nn.RMSNorm:
             m.__class__ = RMSNorm
+    replace_model_norms(module, strict=strict)
     return module
