@@ -102,12 +102,21 @@ class ScaledByStd(torch.nn.Module):
         return x / (x.std(-1, keepdim=True) + self.eps) * self.weight
 
 
+class WithGate(ScaledByStd):
+    """Norm-like, but its forward takes a second argument (a probe cannot call it)."""
+
+    def forward(self, x, gate):
+        return super().forward(x) * gate
+
+
 def test_what_it_cannot_take_is_left_logged_or_refused(caplog):
-    model = torch.nn.Sequential(torch.nn.Linear(32, 32), ScaledByStd(32), torch.nn.LayerNorm(32))
+    model = torch.nn.Sequential(torch.nn.Linear(32, 32), ScaledByStd(32), torch.nn.LayerNorm(32),
+                                WithGate(32))  # fmt: skip
     with caplog.at_level(logging.WARNING, logger="cupyln"):
         clt.replace_norms(model)
     assert type(model[1]) is ScaledByStd and type(model[2]) is clt.LayerNorm
-    assert "left 1 norm-like modules: ['1']" in caplog.text
+    assert type(model[3]) is WithGate
+    assert "left 2 norm-like modules: ['1', '3']" in caplog.text
     with pytest.raises(ValueError, match=r"cannot take: \['0'\]"):
         clt.replace_norms(torch.nn.Sequential(ScaledByStd(8)), strict=True)
 

@@ -175,7 +175,10 @@ def replace_model_norms(module: torch.nn.Module, strict: bool = False) -> dict:
             continue  # torch's own classes: swapped for cupyln's by class
         if not norm_like(m):
             continue
-        norm = identify(m)
+        try:
+            norm = identify(m)
+        except Exception:  # noqa: BLE001 - a forward that takes other arguments: not a norm
+            norm = None
         if norm is None:
             left.append(name)
             continue
