@@ -37,8 +37,8 @@ try:
     from jax.experimental.buffer_callback import buffer_callback
 except ImportError as err:  # pragma: no cover - depends on the environment
     raise ImportError(
-        "cupyln.jax needs JAX >= 0.6.2 with GPU support: pip install 'cupyln[jax]' "
-        "'jax[cuda12]' (or 'jax[cuda13]')"
+        "cupyln.jax needs JAX >= 0.6.2: pip install 'cupyln[jax-cuda12]' (or "
+        "'cupyln[jax-cuda13]'; 'cupyln[jax]' for JAX on the CPU alone)"
     ) from err
 
 import numpy

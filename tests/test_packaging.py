@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import cupyln
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -49,3 +51,16 @@ def test_missing_cupy_names_the_extras():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode != 0
     assert "ModuleNotFoundError" in r.stderr and 'pip install "cupyln[cuda12]"' in r.stderr
+
+
+def test_the_readme_installs_name_defined_extras():
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11 on
+    extras = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"])  # fmt: skip
+    named = set()
+    for line in re.findall(
+        r'pip install (?:-e )?"\.\[([^\]]+)\]"', (ROOT / "README.md").read_text()
+    ):
+        named |= set(line.split(","))
+    assert {"cuda12", "cuda13", "torch", "jax-cuda12", "test"} <= named
+    assert named <= extras, named - extras
