@@ -141,10 +141,13 @@ def _forward(self, x: torch.Tensor) -> torch.Tensor:
         if s.rms:
             return rms_norm(x, n, w, eps, weight_offset=s.offset)
         return layer_norm(x, n, w, self.bias, eps)
-    # the normalized x rounded (to x's dtype, or T5's 16-bit weight's), then times the weight
+    # the normalized x rounded (to x's dtype; T5: to its 16-bit weight's, else kept in float32),
+    # then times the weight
     out = None
-    if s.casting == "t5" and w.dtype in (torch.float16, torch.bfloat16) and w.dtype != x.dtype:
-        out = w.dtype
+    if s.casting == "t5":
+        half = w.dtype in (torch.float16, torch.bfloat16)
+        out = w.dtype if half else torch.promote_types(x.dtype, torch.float32)
+        out = None if out == x.dtype else out
     if s.rms:
         v = rms_norm(x, n, None, eps, out_dtype=out)
     else:
