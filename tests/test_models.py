@@ -147,3 +147,30 @@ def test_swapped_models_match_on_the_gpu(name):
     with torch.no_grad():
         a, b = plain(ids).logits.float(), swapped(ids).logits.float()
     assert float((a - b).abs().max()) <= 0.05 * float(a.abs().max()), name  # bf16 rounding
+
+
+def _first_norm(model):
+    return next(m for m in model.modules() if type(m).__name__.endswith(("RMSNorm", "LayerNorm")))
+
+
+@pytest.mark.gpu
+@requires_gpu
+@pytest.mark.parametrize("wdt", [torch.float32, torch.bfloat16], ids=["w32", "w16"])
+@pytest.mark.parametrize("family", ["Llama", "Gemma2", "OLMo2", "T5"])
+def test_each_rounding_on_the_gpu(family, wdt):
+    """One norm module of each rounding, weights of either dtype, bf16 rows: the swapped module
+    returns the original's dtype and its values to within one rounding of it."""
+    import copy
+
+    plain = _first_norm(t5() if family == "T5" else decoder(family))
+    with torch.no_grad():
+        plain.weight.copy_(torch.rand(plain.weight.shape) + 0.5)
+    plain = plain.to("cuda", wdt)
+    swapped = copy.deepcopy(plain)
+    clt.replace_norms(torch.nn.Sequential(swapped), strict=True)
+    x = torch.randn(64, plain.weight.numel(), device="cuda").bfloat16() - 2.3
+    with torch.no_grad():
+        a, b = plain(x), swapped(x)
+    assert a.dtype == b.dtype and a.shape == b.shape, (a.dtype, b.dtype)
+    step = 2.0**-7 if a.dtype == torch.bfloat16 else 1e-5
+    assert torch.allclose(a.float(), b.float(), rtol=step, atol=step), family
