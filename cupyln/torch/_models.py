@@ -113,6 +113,7 @@ def _casting(c, x, rms: bool, offset: float, eps: float) -> str:
         scale = w.float() + offset
         shift = 0 if b is None else b.float()
         wdt = w.dtype if w.dtype in (torch.float16, torch.bfloat16) else v.dtype
+        w = w + offset if offset else w
         rounded = {
             "none": (v * scale + shift).to(xb.dtype),
             "llama": w * v.to(xb.dtype),
@@ -123,6 +124,7 @@ def _casting(c, x, rms: bool, offset: float, eps: float) -> str:
         for k, r in rounded.items()
     }
     best = max(score, key=score.get)
+    # a rounding of its own (none of these): y rounded once, the nearest to its exact value
     return best if score[best] >= 0.98 * got.numel() else "none"
 
 
