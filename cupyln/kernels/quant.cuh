@@ -24,28 +24,30 @@ __device__ __forceinline__ unsigned int round_bits(const unsigned int mag) {
   return (r >> SHIFT) - (static_cast<unsigned int>(127 - BIAS) << (23 - SHIFT));
 }
 
-// e4m3: bias 7, 3 mantissa bits, normal from 2^-6, subnormal step 2^-9.
-__device__ __forceinline__ unsigned char to_e4m3(const float f) {
+// An fp8 byte of MANT mantissa bits and exponent bias BIAS: normal from 2^(1 - BIAS), subnormal
+// in steps of 2^(1 - BIAS - MANT); past the largest value (bits TOP of the float) the largest
+// code TOP_CODE; NaN 0x7f.
+template <int MANT, int BIAS, unsigned int TOP, unsigned int TOP_CODE>
+__device__ __forceinline__ unsigned char to_fp8(const float f) {
   const unsigned int u = __float_as_uint(f);
   const unsigned int sign = (u >> 24) & 0x80u;
   const unsigned int mag = u & 0x7fffffffu;
-  if (mag > 0x7f800000u) return static_cast<unsigned char>(sign | 0x7fu);  // NaN
-  if (mag > 0x43e00000u) return static_cast<unsigned char>(sign | 0x7eu);  // past 448
-  if (mag >= 0x3c800000u) return static_cast<unsigned char>(sign | round_bits<20, 7>(mag));
-  const float a = __uint_as_float(mag) * 512.0f;  // exact: a power of two
-  return static_cast<unsigned char>(sign | static_cast<unsigned int>(rintf(a)));
+  if (mag > 0x7f800000u) return static_cast<unsigned char>(sign | 0x7fu);
+  if (mag > TOP) return static_cast<unsigned char>(sign | TOP_CODE);
+  if (mag >= (127u + 1u - BIAS) << 23) {
+    return static_cast<unsigned char>(sign | round_bits<23 - MANT, BIAS>(mag));
+  }
+  const float steps = __uint_as_float((127u + BIAS - 1u + MANT) << 23);  // exact: 2^k
+  const unsigned int q = static_cast<unsigned int>(rintf(__uint_as_float(mag) * steps));
+  return static_cast<unsigned char>(sign | q);
 }
 
-// e5m2: bias 15, 2 mantissa bits, normal from 2^-14, subnormal step 2^-16.
+// e4m3: largest 448 (0x43e00000), code 0x7e; e5m2: largest 57344 (0x47600000), code 0x7b.
+__device__ __forceinline__ unsigned char to_e4m3(const float f) {
+  return to_fp8<3, 7, 0x43e00000u, 0x7eu>(f);
+}
 __device__ __forceinline__ unsigned char to_e5m2(const float f) {
-  const unsigned int u = __float_as_uint(f);
-  const unsigned int sign = (u >> 24) & 0x80u;
-  const unsigned int mag = u & 0x7fffffffu;
-  if (mag > 0x7f800000u) return static_cast<unsigned char>(sign | 0x7fu);  // NaN
-  if (mag > 0x47600000u) return static_cast<unsigned char>(sign | 0x7bu);  // past 57344
-  if (mag >= 0x38800000u) return static_cast<unsigned char>(sign | round_bits<21, 15>(mag));
-  const float a = __uint_as_float(mag) * 65536.0f;
-  return static_cast<unsigned char>(sign | static_cast<unsigned int>(rintf(a)));
+  return to_fp8<2, 15, 0x47600000u, 0x7bu>(f);
 }
 
 // e2m1: bias 1, 1 mantissa bit, normal from 1, subnormal step 0.5; NaN gives 0 (none in e2m1).
