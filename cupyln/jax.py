@@ -142,9 +142,10 @@ def _check(a, name: str, n: int | None = None):
     return jnp.asarray(a)
 
 
-def _check_devices(named) -> None:
-    """The concrete arrays of (array, name) pairs are on GPUs, or all on the CPU (under jit,
-    XLA places tracers: the program's platform picks the path)."""
+def _check_devices(named) -> str | None:
+    """The platform of the concrete arrays of (array, name) pairs: "gpu" or "cpu", one for all;
+    None where all are tracers (under jit XLA places them, and the program's platform picks
+    the path)."""
     seen = {}
     for a, name in named:
         held = None if a is None else devices(a)
@@ -158,6 +159,7 @@ def _check_devices(named) -> None:
     if len(seen) > 1:
         raise ValueError(f"{seen['cpu']} is on the CPU and {seen['gpu']} on a GPU; put the "
                          "arrays of a call on one platform")  # fmt: skip
+    return next(iter(seen), None)
 
 
 # ------------------------------------------------------------------ on the CPU
@@ -189,11 +191,14 @@ def _norm_on_cpu(x2, r2, w, b, eps, rms, h_dtype, y_dtype):
     return _varying((v.astype(y_dtype or x2.dtype), h), _given((x2, r2, w, b))[0])
 
 
-def _on_platform(x2, r2, w, b, eps, rms, h_dtype, y_dtype):
-    """(y, h) by the kernels on a GPU, by JAX's ops on the CPU."""
+def _on_platform(platform, x2, r2, w, b, eps, rms, h_dtype, y_dtype):
+    """(y, h) by the kernels on a GPU, by JAX's ops on the CPU: chosen here for concrete
+    arrays (``platform``), when the program is lowered for tracers (None)."""
     static = (eps, rms, h_dtype, y_dtype)
-    if _KERNELS_ON_CPU:
+    if platform == "gpu" or _KERNELS_ON_CPU:
         return _norm(x2, r2, w, b, *static)
+    if platform == "cpu":
+        return _norm_on_cpu(x2, r2, w, b, *static)
     return jax.lax.platform_dependent(
         x2, r2, w, b,
         cpu=lambda *a: _norm_on_cpu(*a, *static),
@@ -381,13 +386,15 @@ def _apply(x, residual, weight, bias, eps, *, rms, residual_dtype=None, weight_o
         raise ValueError("residual_dtype needs a residual; got residual=None")
     if offset:
         weight = weight.astype(acc_dtype(_dtype(x))) + offset  # dw passes through the add
-    _check_devices(((x, "x"), (residual, "residual"), (weight, "weight"), (bias, "bias")))
+    platform = _check_devices(((x, "x"), (residual, "residual"), (weight, "weight"),
+                               (bias, "bias")))  # fmt: skip
     m = math.prod(x.shape[:-1])
     if m == 0:
         h = None if residual is None else jnp.zeros(x.shape, h_dtype)
         return jnp.zeros(x.shape, y_dtype or _dtype(x)), h
     r2 = None if residual is None else residual.reshape(m, n)
-    y, h = _on_platform(x.reshape(m, n), r2, weight, bias, eps, rms, h_dtype, y_dtype)
+    y, h = _on_platform(platform, x.reshape(m, n), r2, weight, bias, eps, rms, h_dtype,
+                        y_dtype)  # fmt: skip
     return y.reshape(x.shape), None if residual is None else h.reshape(x.shape)
 
 
