@@ -21,10 +21,11 @@ from typing import NamedTuple
 import ml_dtypes
 import numpy
 
+from . import _checks
+
 E4M3 = numpy.dtype(ml_dtypes.float8_e4m3fn)
 E5M2 = numpy.dtype(ml_dtypes.float8_e5m2)
 E2M1 = numpy.dtype(ml_dtypes.float4_e2m1fn)  # one element a byte in NumPy; packed in outputs
-E8M0 = numpy.dtype(numpy.uint8)  # the biased exponent's byte, as CuPy and NumPy hold it
 
 FP8 = {"e4m3": (E4M3, 448.0), "e5m2": (E5M2, 57344.0)}  # fp8_dtype -> (dtype, largest value)
 FP4_MAX = 6.0
@@ -34,20 +35,19 @@ E8M0_BIAS = 127
 
 class Format(NamedTuple):
     """``block``: elements a scale covers along the row (0: the whole row, None: the tensor);
-    ``scale``: how scales are stored ("given": the caller's, "float32", "e8m0", "e4m3");
-    ``divides``: whether N must be a multiple of the block."""
+    ``divides``: whether N must be a multiple of the block. Scales are the caller's ("fp8"),
+    float32 ("fp8_row", "fp8_block"), E8M0 bytes ("mxfp8") or e4m3 ("nvfp4")."""
 
     block: int | None
-    scale: str
     divides: bool = False
 
 
 FORMATS = {
-    "fp8": Format(None, "given"),
-    "fp8_row": Format(0, "float32"),
-    "fp8_block": Format(128, "float32"),
-    "mxfp8": Format(32, "e8m0", divides=True),
-    "nvfp4": Format(16, "e4m3", divides=True),
+    "fp8": Format(None),
+    "fp8_row": Format(0),
+    "fp8_block": Format(128),
+    "mxfp8": Format(32, divides=True),
+    "nvfp4": Format(16, divides=True),
 }
 FP8_BLOCKS = (128, 64)
 CUBLAS = ("mxfp8", "nvfp4")  # the formats whose scales cuBLAS reads in 128x4 tiles
@@ -106,9 +106,9 @@ def spec(quant, n: int, *, fp8_dtype="e4m3", block=None, pow2_scale=False, scale
             raise ValueError(f"scale_ub applies to fp8_row only; got it with {quant}")
         if isinstance(scale_ub, bool) or not isinstance(scale_ub, (int, float, numpy.floating)):
             raise TypeError(f"scale_ub must be a positive float; got {type(scale_ub).__name__}")
-        if not 0 < float(scale_ub) < float("inf"):
+        scale_ub = _checks._finite(scale_ub, "scale_ub", " and positive")
+        if not scale_ub > 0:
             raise ValueError(f"scale_ub must be a positive finite float; got {scale_ub}")
-        scale_ub = float(scale_ub)
     if scale_layout not in ("rows", "cublas"):
         raise ValueError(f"scale_layout must be 'rows' or 'cublas'; got {scale_layout!r}")
     if scale_layout == "cublas" and quant not in CUBLAS:

@@ -276,7 +276,7 @@ def quantize(y, quant, *, scale=None, global_amax=None, **options):
         amax = _amax(rows, s.block)
         sb = numpy.minimum(amax / f32(6.0) * big, f32(448.0)).astype(F.E4M3)  # saturating
         sv = sb.astype(numpy.float64)
-        v = rows.reshape(len(rows), -1, s.block) * float(big)
+        v = _blocked(rows, s.block) * float(big)
         with numpy.errstate(divide="ignore", invalid="ignore"):
             v = numpy.where(sv[..., None] > 0, v / sv[..., None], 0.0)
         codes = _cast(v.reshape(rows.shape), s).view(numpy.uint8)
@@ -287,32 +287,37 @@ def quantize(y, quant, *, scale=None, global_amax=None, **options):
         amax = numpy.minimum(amax, f32(s.scale_ub))
     if s.name == "mxfp8":
         with numpy.errstate(divide="ignore"):
-            mant, exp = numpy.frexp(amax.astype(numpy.float64) / s.max)
-        exp = numpy.where(mant == 0.5, exp - 1, exp)  # ceil(log2)
+            exp = _ceil_log2(amax.astype(numpy.float64) / s.max)
         exp = numpy.clip(numpy.where(numpy.isinf(amax), 127, exp), -127, 127)
         sv = numpy.ldexp(1.0, exp)
         byte = numpy.where(amax > 0, exp + F.E8M0_BIAS, 0).astype(numpy.uint8)
     else:
         sc = numpy.maximum(amax, f32(F.MIN_AMAX)) / f32(s.max)
         if s.pow2_scale:
-            mant, exp = numpy.frexp(sc.astype(numpy.float64))
-            sc = numpy.ldexp(1.0, numpy.where(mant == 0.5, exp - 1, exp)).astype(f32)
+            sc = numpy.ldexp(1.0, _ceil_log2(sc.astype(numpy.float64))).astype(f32)
         sv, byte = sc.astype(numpy.float64), sc
-    width = s.block or n
-    pad = -n % width
-    v = numpy.pad(rows, ((0, 0), (0, pad))).reshape(len(rows), -1, width) / sv[..., None]
+    v = _blocked(rows, s.block) / sv[..., None]
     data = _cast(v.reshape(len(rows), -1)[:, :n], s).reshape(y.shape)  # zero blocks: s = 1
     return data, _layout(byte, y.shape, s)
+
+
+def _blocked(rows, block):
+    """[M, N] rows as [M, blocks, block] (0: the whole row), the last block padded with 0."""
+    n = rows.shape[1]
+    width = block or n
+    return numpy.pad(rows, ((0, 0), (0, -n % width))).reshape(len(rows), -1, width)
 
 
 def _amax(rows, block):
     """max|y| of each block of ``block`` along the rows (0: the whole row) as float32, the
     last block partial: [M, blocks]."""
-    n = rows.shape[1]
-    width = block or n
-    pad = -n % width
-    a = numpy.abs(numpy.pad(rows, ((0, 0), (0, pad))).reshape(len(rows), -1, width))
-    return a.max(axis=2).astype(numpy.float32)
+    return numpy.abs(_blocked(rows, block)).max(axis=2).astype(numpy.float32)
+
+
+def _ceil_log2(a):
+    """ceil(log2(a)) of positive float64 values, exactly (from their exponents)."""
+    mant, exp = numpy.frexp(a)
+    return numpy.where(mant == 0.5, exp - 1, exp)
 
 
 def _cast(v, s):
