@@ -19,15 +19,16 @@ from typing import NamedTuple
 
 import torch
 
+from . import layer_norm, rms_norm  # this module is imported once the package is
+
 log = logging.getLogger("cupyln")
 
 EPS_NAMES = ("eps", "variance_epsilon", "epsilon")
-CASTINGS = ("none", "llama", "t5")
 
 
 class Norm(NamedTuple):
     """What a norm module computes: ``rms`` or LayerNorm, the scale's offset (1: 1 + w), the
-    attribute its epsilon lives in, and how it rounds (CASTINGS)."""
+    attribute its epsilon lives in, and how it rounds ("none", "llama" or "t5")."""
 
     rms: bool
     offset: float
@@ -133,8 +134,6 @@ _classes: dict = {}
 
 
 def _forward(self, x: torch.Tensor) -> torch.Tensor:
-    from . import layer_norm, rms_norm
-
     s = self._cupyln_norm
     eps = getattr(self, s.eps_name)
     w = self.weight
