@@ -90,6 +90,24 @@ def test_t5_and_gpt2():
     assert len(norms) == 5 and all(type(m) is clt.LayerNorm for m in norms)
 
 
+@pytest.mark.parametrize("wdt", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("family", ["Llama", "T5"])
+def test_weights_of_any_dtype_keep_the_rounding(family, wdt):
+    """T5 rounds the normalized x to a 16-bit weight's dtype, Llama to x's: each is recognised
+    at every weight dtype, and the swapped module returns the original's dtype on float32 and
+    bfloat16 rows alike."""
+    import copy
+
+    plain = _first_norm(t5() if family == "T5" else decoder(family)).to(dtype=wdt)
+    swapped = copy.deepcopy(plain)
+    clt.replace_norms(torch.nn.Sequential(swapped), strict=True)
+    assert taken(torch.nn.Sequential(swapped)) == [T5 if family == "T5" else LLAMA]
+    for xdt in (torch.float32, torch.bfloat16):
+        x = torch.randn(4, plain.weight.numel()).to(xdt)
+        with torch.no_grad():
+            assert plain(x).dtype == swapped(x).dtype, (xdt, plain(x).dtype, swapped(x).dtype)
+
+
 class ScaledByStd(torch.nn.Module):
     """Norm-like (a weight, an eps) but none of cupyln's norms: x / (std + eps) * w."""
 

@@ -77,7 +77,10 @@ def identify(m: torch.nn.Module) -> Norm | None:
     dev = w.device
     x = (torch.randn(8, n, generator=gen) * 0.5 - 2.3).to(dev)
     with torch.no_grad():
-        got = type(m).forward(c, x).double()
+        got = type(m).forward(c, x)
+        low = got.dtype in (torch.float16, torch.bfloat16)  # T5 with a 16-bit weight rounds to it
+        tol = 2e-2 if low else 1e-3
+        got = got.double()
         xd, wd = x.double(), w.double()
         rms = xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + eps)
         dev_ = xd - xd.mean(-1, keepdim=True)
@@ -88,18 +91,19 @@ def identify(m: torch.nn.Module) -> Norm | None:
             (True, 1.0, rms * (1 + wd)),
             (False, 0.0, ln * wd + shift),
         ]
-        found = [(r, o) for r, o, want in candidates if torch.allclose(got, want, 1e-3, 1e-3)]
+        found = [(r, o) for r, o, want in candidates if torch.allclose(got, want, tol, tol)]
         if len(found) != 1:
             return None
         is_rms, offset = found[0]
         if is_rms and b is not None:
             return None  # an RMSNorm with a shift: none of cupyln's
-        return Norm(is_rms, offset, eps_name, _casting(c, x, is_rms, offset, eps))
+        return Norm(is_rms, offset, eps_name, "t5" if low else _casting(c, x, is_rms, offset, eps))
 
 
 def _casting(c, x, rms: bool, offset: float, eps: float) -> str:
     """How module copy ``c`` rounds bfloat16 input: the casting whose rounding its output
-    matches in the most elements (all but a few, which float32's rsqrt may round otherwise)."""
+    matches in the most elements (all but a few, which float32's rsqrt may round otherwise).
+    Its float32 output was float32, so a 16-bit weight's "t5" rounding is ruled out."""
     xb = x.bfloat16()
     w = c.weight.detach()
     b = getattr(c, "bias", None)
@@ -113,13 +117,14 @@ def _casting(c, x, rms: bool, offset: float, eps: float) -> str:
             v = v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + eps)
         scale = w.float() + offset
         shift = 0 if b is None else b.float()
-        wdt = w.dtype if w.dtype in (torch.float16, torch.bfloat16) else v.dtype
+        w32 = w.dtype not in (torch.float16, torch.bfloat16)
         w = w + offset if offset else w
         rounded = {
             "none": (v * scale + shift).to(xb.dtype),
             "llama": w * v.to(xb.dtype),
-            "t5": w * v.to(wdt),
         }
+        if w32:  # T5 with a float32 weight: the normalized x kept in float32
+            rounded["t5"] = w * v
     score = {
         k: int((r == got).sum()) if r.dtype == got.dtype and r.shape == got.shape else -1
         for k, r in rounded.items()
