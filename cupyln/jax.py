@@ -142,13 +142,26 @@ def _check(a, name: str, n: int | None = None):
     return jnp.asarray(a)
 
 
+def _held(a):
+    """The devices holding array ``a``, or those of the concrete value under an eager grad or
+    vmap (run op by op, where a platform-dependent branch would take the default backend's);
+    None for a tracer of a traced program."""
+    while a is not None:
+        held = devices(a)
+        if held is not None:
+            return held
+        inner = getattr(a, "primal", None)  # jax.grad's, jax.jvp's
+        a = getattr(a, "val", None) if inner is None else inner  # jax.vmap's
+    return None
+
+
 def _check_devices(named) -> str | None:
     """The platform of the concrete arrays of (array, name) pairs: "gpu" or "cpu", one for all;
     None where all are tracers (under jit XLA places them, and the program's platform picks
     the path)."""
     seen = {}
     for a, name in named:
-        held = None if a is None else devices(a)
+        held = None if a is None else _held(a)
         if held is None:
             continue
         platforms = {d.platform for d in held}

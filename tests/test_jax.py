@@ -60,7 +60,8 @@ def test_cpu_arrays_take_jax_ops_with_the_kernels_semantics(dtype):
 
     jnp = jax.numpy
     x, r, w, b = _cpu_case(10, dtype)
-    jx, jr, jw, jb = map(jnp.asarray, (x, r, w, b))
+    cpu = jax.devices("cpu")[0]  # where a GPU is, arrays go there unless put on the CPU
+    jx, jr, jw, jb = (jax.device_put(a, cpu) for a in (x, r, w, b))
     h = ref.add(x, r, np.float32)
     cases = {
         "layer_norm": (lambda *a: cj.layer_norm(a[0], a[2], a[3]), ref.forward(x, w, b)[0]),
@@ -93,7 +94,8 @@ def test_cpu_gradients_match_the_reference():
 
     x, r, w, b = _cpu_case(20)
     dy = ref.sample(x.shape, "float32", seed=30, xp=np)
-    jx, jw, jb, jdy = map(jax.numpy.asarray, (x, w, b, dy))
+    cpu = jax.devices("cpu")[0]
+    jx, jw, jb, jdy = (jax.device_put(a, cpu) for a in (x, w, b, dy))
 
     def loss(f):
         return lambda *a: (f(*a) * jdy).sum()
