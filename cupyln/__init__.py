@@ -18,6 +18,7 @@ from ._api import (
     rms_norm,
 )
 from ._control import precompile
+from ._formats import Quantized
 from ._jagged import jagged_backward, jagged_forward, jagged_layer_norm
 
 __version__ = "0.3.0"
@@ -33,5 +34,6 @@ __all__ = [
     "jagged_layer_norm",
     "describe",
     "precompile",
+    "Quantized",
     "__version__",
 ]

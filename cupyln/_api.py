@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import numpy
 
-from . import _checks, _launcher, _runtime
-from ._dtypes import acc_dtype
+from . import _checks, _formats, _launcher, _runtime
+from ._dtypes import BYTES, acc_dtype
 from ._launcher.cache import table
 from ._layout import aligned_vector, ptr, round_up, rows
 from ._problem import Problem
@@ -145,6 +145,8 @@ def forward(
     weight_offset: float = 0.0,
     out_dtype=None,
     out: tuple | None = None,
+    quant: str | None = None,
+    **quant_options,
 ) -> tuple:
     """LayerNorm over the last dimension of ``x``.
 
@@ -160,14 +162,20 @@ def forward(
             for the next GEMM, in the same pass.
         out: optional (y, mean, rstd) preallocated outputs (C-contiguous; entries may be None),
             sharing no memory with the inputs, but y may be x itself (in place).
+        quant: y quantized in the same pass for the next low-precision GEMM: "fp8" (the
+            static ``scale=``, optional 0-d float32 ``amax=`` overwritten with max|y|),
+            "fp8_row" (``scale_ub=``), "fp8_block" (``block=`` 128 or 64, ``pow2_scale=``),
+            "mxfp8", "nvfp4" (``global_amax=``); ``fp8_dtype=`` "e4m3" or "e5m2",
+            ``scale_layout=`` "rows" or "cublas" (docs/guide.md has the rules and layouts).
 
     Returns:
         (y, mean, rstd): y of x's shape and dtype (or ``out_dtype``); mean and rstd of shape
         x.shape[:-1], float32 (float64 for float64 x), rstd = 1 / sqrt(var + eps). Without
-        ``out``, the three share one allocation. With a residual: (y, mean, rstd, h).
+        ``out``, the three share one allocation. With a residual: (y, mean, rstd, h). With
+        ``quant``, y is a ``cupyln.Quantized(data, scale)``.
     """
     plain = residual is None and residual_dtype is None and out is None and out_dtype is None
-    if plain and _zero(weight_offset):
+    if plain and quant is None and not quant_options and _zero(weight_offset):
         got = _forward_cached(False, x, w, b, eps)
         if got is not None:
             return got
@@ -182,6 +190,8 @@ def forward(
         weight_offset=weight_offset,
         out_dtype=out_dtype,
         out=out,
+        quant=quant,
+        quant_options=quant_options,
     )
 
 
@@ -195,6 +205,8 @@ def rms_forward(
     weight_offset: float = 0.0,
     out_dtype=None,
     out: tuple | None = None,
+    quant: str | None = None,
+    **quant_options,
 ) -> tuple:
     """RMSNorm over the last dimension of ``x``: y = x * rstd * (w + weight_offset), rstd =
     1 / sqrt(mean(x^2) + eps) in float32 (float64 for float64 x).
@@ -203,10 +215,11 @@ def rms_forward(
 
     Returns:
         (y, rstd); with a ``residual``, (y, rstd, h): h = x + residual, added in float32 and
-        stored in ``residual_dtype`` (default residual's dtype), is what is normalized.
+        stored in ``residual_dtype`` (default residual's dtype), is what is normalized. With
+        ``quant``, y is a ``cupyln.Quantized(data, scale)``.
     """
     plain = residual is None and residual_dtype is None and out is None and out_dtype is None
-    if plain and _zero(weight_offset):
+    if plain and quant is None and not quant_options and _zero(weight_offset):
         got = _forward_cached(True, x, w, None, eps)
         if got is not None:
             return got
@@ -221,6 +234,8 @@ def rms_forward(
         weight_offset=weight_offset,
         out_dtype=out_dtype,
         out=out,
+        quant=quant,
+        quant_options=quant_options,
     )
 
 
@@ -248,7 +263,8 @@ def _forward_cached(rms: bool, x, w, b, eps):
     p = call.problem
     mean_ptr = 0 if rms else y_ptr + stats[0]
     call.launch(call.grid, call.block, call.smem, cuda.stream().ptr, x_ptr, p.x_stride, y_ptr,
-                w_ptr, b_ptr, mean_ptr, y_ptr + stats[-1], p.m, p.n, eps, 0, 0, 0)  # fmt: skip
+                w_ptr, b_ptr, mean_ptr, y_ptr + stats[-1], p.m, p.n, eps, 0, 0, 0, 0, 0, 0,
+                0.0)  # fmt: skip
     nd, (y_dtype, stat_dtype) = cuda.ndarray, call.dtype_args
     y = nd(call.shape, y_dtype, mem)
     if rms:
@@ -256,17 +272,67 @@ def _forward_cached(rms: bool, x, w, b, eps):
     return y, nd(call.lead, stat_dtype, mem + stats[0]), nd(call.lead, stat_dtype, mem + stats[1])
 
 
+def _quant_operand(value, name: str, dev: int):
+    """(pointer, value) of a scalar operand of quant=: a finite float (0, it), or a 0-d float32
+    CuPy array on x's device (its pointer, 0.0); None: (0, 0.0)."""
+    cupy = _runtime.cupy()
+    if value is None:
+        return 0, 0.0
+    if isinstance(value, cupy.ndarray):
+        if value.shape != () or value.dtype != numpy.float32 or value.data.device_id != dev:
+            raise ValueError(f"{name} must be a float or a 0-d float32 array on cuda:{dev}; got "
+                             f"a {value.dtype} array of shape {value.shape} on "
+                             f"cuda:{value.data.device_id}")  # fmt: skip
+        return value.data.ptr, 0.0
+    if isinstance(value, bool) or not isinstance(value, (int, float, numpy.floating)):
+        raise TypeError(f"{name} must be a float or a 0-d float32 array; got "
+                        f"{type(value).__name__}")  # fmt: skip
+    return 0, _checks._finite(value, name)
+
+
+def _quant_checked(quant, options: dict, n: int, dev: int, out, out_dtype):
+    """(spec, (input pointer, amax array or None, value), operands) of a call's quant= and its
+    keywords, checked before anything is allocated; (None, None, None) without quant=."""
+    if quant is None:
+        if options:
+            raise TypeError(f"{next(iter(options))}= needs quant= (a format name)")
+        return None, None, None
+    opts, operands = _formats.split_options(options)
+    spec = _formats.spec(quant, n, **opts)
+    _formats.needed(spec, operands)
+    if out is not None:
+        raise ValueError("out= does not take a quantized y: quant= allocates its outputs")
+    if out_dtype is not None:
+        raise ValueError(f"out_dtype does not apply with quant={quant!r}: the format is y's type")
+    given = operands.get("scale", operands.get("global_amax"))
+    ptr_in, value = _quant_operand(given, "scale" if spec.name == "fp8" else "global_amax", dev)
+    amax = operands.get("amax")
+    if amax is not None:
+        cupy = _runtime.cupy()
+        if not isinstance(amax, cupy.ndarray) or amax.shape != () or amax.dtype != numpy.float32:
+            raise TypeError(f"amax must be a 0-d float32 cupy.ndarray; got "
+                            f"{getattr(amax, 'dtype', type(amax).__name__)} "
+                            f"{getattr(amax, 'shape', '')}")  # fmt: skip
+        if amax.data.device_id != dev:
+            raise ValueError(f"amax must be on x's device cuda:{dev}; got "
+                             f"cuda:{amax.data.device_id}")  # fmt: skip
+    if spec.name == "fp8_row" and spec.scale_ub is not None:
+        value = spec.scale_ub
+    return spec, (ptr_in, amax, value), given
+
+
 def _forward_checked(x, w, b, eps, *, rms, residual, residual_dtype, weight_offset, out_dtype,
-                     out):  # fmt: skip
+                     out, quant=None, quant_options=None):  # fmt: skip
     """Every dense forward after its checks: the outputs (y, mean, rstd) or (y, rstd), h
-    appended with a residual."""
+    appended with a residual; y a Quantized(data, scale) with ``quant``."""
     n = _checks.input_array(x)
     dev = x.data.device_id
     _checks.vector_array(w, "w", n, dev)
     _checks.vector_array(b, "b", n, dev)
     eps = _checks.eps(eps)
     offset = _checks.weight_offset(weight_offset, w is not None)
-    y_dtype = _checks.out_dtype(out_dtype, x.dtype)
+    qspec, qops, given = _quant_checked(quant, quant_options or {}, n, dev, out, out_dtype)
+    y_dtype = _checks.out_dtype(out_dtype, x.dtype) if qspec is None else BYTES
     acc = acc_dtype(x.dtype)
     h_dtype = None
     if residual is not None:
@@ -276,7 +342,11 @@ def _forward_checked(x, w, b, eps, *, rms, residual, residual_dtype, weight_offs
         raise ValueError("residual_dtype needs a residual; got residual=None")
     lead = x.shape[:-1]
     names = ("y", "rstd") if rms else ("y", "mean", "rstd")
-    specs = ((x.shape, y_dtype or x.dtype),) + ((lead, acc),) * (len(names) - 1)
+    y_spec = (x.shape, y_dtype or x.dtype)
+    scale_spec = None
+    if qspec is not None:
+        y_spec, scale_spec = _formats.outputs(qspec, x.shape)
+    specs = (y_spec,) + ((lead, acc),) * (len(names) - 1)
     inputs = (("x", x), ("w", w), ("b", b), ("residual", residual))
     outs = _checks.outputs(out, names, specs, dev, inputs, ("y", "x"))
     m = math.prod(lead)
@@ -287,6 +357,15 @@ def _forward_checked(x, w, b, eps, *, rms, residual, residual_dtype, weight_offs
         x2, stride = rows(x)
         made, offsets = _allocate(specs, outs)
         y, stats = made[0], made[1:]
+        quant_args = _launcher.NO_QUANT
+        if qspec is not None:  # the cuBLAS layout's padding stays zero
+            zeros = qspec.scale_layout == "cublas"
+            sc = given if scale_spec is None else (cupy.zeros if zeros else cupy.empty)(*scale_spec)
+            made[0] = _formats.Quantized(y, sc)
+            ptr_in, amax, value = qops
+            if amax is not None:
+                amax.fill(0)
+            quant_args = (0 if scale_spec is None else sc.data.ptr, ptr_in, ptr(amax), value)
         mean, rstd = (None, stats[0]) if rms else stats
         h = r2 = None
         r_stride = 0
@@ -298,7 +377,7 @@ def _forward_checked(x, w, b, eps, *, rms, residual, residual_dtype, weight_offs
         p = Problem(m, n, x.dtype, None if scale is None else scale.dtype,
                     None if b2 is None else b2.dtype, rms,
                     None if h is None else (residual.dtype, h_dtype), x_stride=stride,
-                    r_stride=r_stride, y_dtype=y_dtype)  # fmt: skip
+                    r_stride=r_stride, y_dtype=y_dtype, quant=qspec)  # fmt: skip
         plain = h is None and not offset and y_dtype is None and offsets is not None
         calls = _forward_calls[rms]
         if plain and x2 is x and scale is w and b2 is b and len(calls) < _MAX_CALLS:
@@ -309,7 +388,7 @@ def _forward_checked(x, w, b, eps, *, rms, residual, residual_dtype, weight_offs
             )  # fmt: skip
         ptrs = (x2.data.ptr, y.data.ptr, ptr(scale), ptr(b2), ptr(mean), rstd.data.ptr, ptr(r2),
                 ptr(h))  # fmt: skip
-        _launcher.launch_forward(dev, p, ptrs, eps)
+        _launcher.launch_forward(dev, p, ptrs, eps, quant=quant_args)
     return (*made, h) if h is not None else tuple(made)
 
 
@@ -321,9 +400,12 @@ def layer_norm(
     *,
     weight_offset: float = 0.0,
     out_dtype=None,
+    quant: str | None = None,
+    **quant_options,
 ) -> ndarray:
-    """``forward(x, w, b, eps)[0]``: the normalized array only."""
-    return forward(x, w, b, eps, weight_offset=weight_offset, out_dtype=out_dtype)[0]
+    """``forward(x, w, b, eps)[0]``: the normalized array only (a Quantized with ``quant``)."""
+    return forward(x, w, b, eps, weight_offset=weight_offset, out_dtype=out_dtype, quant=quant,
+                   **quant_options)[0]  # fmt: skip
 
 
 def rms_norm(
@@ -333,9 +415,12 @@ def rms_norm(
     *,
     weight_offset: float = 0.0,
     out_dtype=None,
+    quant: str | None = None,
+    **quant_options,
 ) -> ndarray:
-    """``rms_forward(x, w, eps)[0]``: the normalized array only."""
-    return rms_forward(x, w, eps, weight_offset=weight_offset, out_dtype=out_dtype)[0]
+    """``rms_forward(x, w, eps)[0]``: the normalized array only (a Quantized with ``quant``)."""
+    return rms_forward(x, w, eps, weight_offset=weight_offset, out_dtype=out_dtype, quant=quant,
+                       **quant_options)[0]  # fmt: skip
 
 
 # ------------------------------------------------------------------------------ backward

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy
 
 from ._dtypes import ctype
-from ._plans.common import SIGNATURES
+from ._plans.common import SIGNATURES, TRAILING
 
 KERNEL_DIR = Path(__file__).resolve().parent / "kernels"
 
@@ -93,7 +93,10 @@ def expression(k) -> str:
     out = []
     for p in SIGNATURES[k.name]:
         if isinstance(p, tuple):
-            out.append(f"cupyln::{p[0]}<{', '.join(_arg(next(args)) for _ in p[1])}>")
+            given = [(q, next(args)) for q in p[1]]
+            while given and given[-1][0] in TRAILING and given[-1][1] == TRAILING[given[-1][0]]:
+                given.pop()  # the template's default
+            out.append(f"cupyln::{p[0]}<{', '.join(_arg(a) for _, a in given)}>")
         else:
             out.append(_arg(next(args)))
     return f"cupyln::{k.name}<{', '.join(out)}>"

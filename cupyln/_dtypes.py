@@ -34,6 +34,9 @@ SUPPORTED_NAMES = tuple(dt.name for dt in TABLE)
 #: the jagged offsets' dtypes -> their C type
 INDEX = {numpy.dtype(numpy.int32): "int", numpy.dtype(numpy.int64): "long long"}
 
+#: a quantized y's elements and byte scales (cupyln/_formats.py), as the kernels store them
+BYTES = numpy.dtype(numpy.uint8)
+
 
 def ctype(dtype) -> str:
     """C type of a supported element or offsets dtype (TypeError for any other)."""
@@ -43,6 +46,8 @@ def ctype(dtype) -> str:
         return entry[0]
     if dtype in INDEX:
         return INDEX[dtype]
+    if dtype == BYTES:
+        return "unsigned char"
     raise TypeError(f"dtype must be one of {', '.join(SUPPORTED_NAMES)}; got {dtype}")
 
 

@@ -53,6 +53,13 @@ FP8_BLOCKS = (128, 64)
 CUBLAS = ("mxfp8", "nvfp4")  # the formats whose scales cuBLAS reads in 128x4 tiles
 
 
+class Quantized(NamedTuple):
+    """A quantized y: its elements and its scales (layouts and dtypes: ``outputs``)."""
+
+    data: object
+    scale: object
+
+
 class Spec(NamedTuple):
     """One call's checked quantization: format name, elements per scale (0: the row, None: the
     tensor), the element dtype and its largest value, and the options the format takes."""
@@ -114,6 +121,68 @@ def spec(quant, n: int, *, fp8_dtype="e4m3", block=None, pow2_scale=False, scale
     if scale_layout == "cublas" and quant not in CUBLAS:
         raise ValueError(f"scale_layout='cublas' is for {' and '.join(CUBLAS)}; got {quant}")
     return Spec(quant, size, dtype, top, scale_layout, bool(pow2_scale), scale_ub)
+
+
+# The Store's template codes (kernels/policy.cuh QuantFormat, QuantOption).
+CODES = {"fp8": 1, "fp8_row": 2, "fp8_block": 3, "mxfp8": 4, "nvfp4": 5}
+E5M2_BIT, POW2_BIT, CUBLAS_BIT = 1, 2, 4
+OPTIONS = ("fp8_dtype", "block", "pow2_scale", "scale_ub", "scale_layout")  # spec's keywords
+OPERANDS = ("scale", "global_amax", "amax")  # a call's arrays or values besides
+
+
+def store_args(s: Spec) -> dict:
+    """The quantizing Store's template arguments (QF, QB, QO) of a checked spec."""
+    bits = (E5M2_BIT if s.dtype == E5M2 else 0) | (POW2_BIT if s.pow2_scale else 0)
+    bits |= CUBLAS_BIT if s.scale_layout == "cublas" else 0
+    return {"QF": CODES[s.name], "QB": s.block or 0, "QO": bits}
+
+
+def outputs(s: Spec, shape: tuple) -> tuple:
+    """((data shape, data dtype), (scale shape, scale dtype)) of y of ``shape`` quantized by
+    ``s``, as the kernels store them: elements and byte scales as uint8 (CuPy has no float8
+    dtype: the bits of ``s.dtype``, fp4 two a byte), float32 scales; "fp8"'s scale is the
+    caller's (None here)."""
+    n = shape[-1]
+    lead = shape[:-1]
+    data = ((*lead, n // 2) if s.name == "nvfp4" else tuple(shape), numpy.dtype(numpy.uint8))
+    if s.name == "fp8":
+        return data, None
+    byte = s.name in ("mxfp8", "nvfp4")
+    dtype = numpy.dtype(numpy.uint8 if byte else numpy.float32)
+    blocks = s.blocks(n)
+    if s.scale_layout == "cublas":
+        rows = 1
+        for d in lead:
+            rows *= d
+        return data, (cublas_shape(rows, blocks), dtype)
+    return data, ((*lead, blocks), dtype)
+
+
+def split_options(options: dict) -> tuple[dict, dict]:
+    """A call's ``quant=`` keywords as (spec's options, operands); TypeError naming any other."""
+    unknown = sorted(set(options) - set(OPTIONS) - set(OPERANDS))
+    if unknown:
+        raise TypeError(f"unexpected keyword argument {unknown[0]!r} (quant= takes "
+                        f"{', '.join(OPTIONS + OPERANDS)})")  # fmt: skip
+    return ({k: v for k, v in options.items() if k in OPTIONS},
+            {k: v for k, v in options.items() if k in OPERANDS})  # fmt: skip
+
+
+def needed(s: Spec, operands: dict) -> None:
+    """The call's operands are those its format takes: "fp8" a ``scale`` (and an optional
+    ``amax``), "nvfp4" a ``global_amax``, the others none; ValueError naming the one missing or
+    out of place."""
+    takes = {"fp8": ("scale", "amax"), "nvfp4": ("global_amax",)}.get(s.name, ())
+    for name, value in operands.items():
+        if value is not None and name not in takes:
+            raise ValueError(f"{name}= applies to {FOR[name]} only; got it with quant={s.name!r}")
+    required = {"fp8": "scale", "nvfp4": "global_amax"}.get(s.name)
+    if required is not None and operands.get(required) is None:
+        raise ValueError(f"quant={s.name!r} needs {required}= (a float, or a 0-d float32 array "
+                         "on x's device)")  # fmt: skip
+
+
+FOR = {"scale": "quant='fp8'", "amax": "quant='fp8'", "global_amax": "quant='nvfp4'"}
 
 
 def cublas_shape(rows: int, blocks: int) -> tuple[int, int]:

@@ -24,8 +24,9 @@ class Problem(NamedTuple):
     normalized input's (x, or h with a residual), ``b_dtype`` db's, ``dh`` whether a gradient
     along the residual stream is added to dx. ``w_dtype`` is the scale's dtype as the kernels
     read it (w + weight_offset formed in float32 where an offset is given); None: no weight,
-    likewise no bias. ``y_dtype`` is y's where not x's (forward: the Store's). Row strides are
-    in elements (N for contiguous rows; 0 for an absent operand)."""
+    likewise no bias. ``y_dtype`` is y's where not x's (forward: the Store's), and ``quant`` the
+    format y is quantized to (its bytes then y's). Row strides are in elements (N for contiguous
+    rows; 0 for an absent operand)."""
 
     m: int
     n: int
@@ -39,7 +40,8 @@ class Problem(NamedTuple):
     r_stride: int = 0  # forward: the residual's
     dy_stride: int = 0  # backward: dy's
     dh_stride: int = 0  # backward: dh's
-    y_dtype: numpy.dtype | None = None  # forward: y's, None: x's
+    y_dtype: numpy.dtype | None = None  # forward: y's, None: x's (uint8: a quantized y's)
+    quant: tuple | None = None  # forward: a quantized y's checked _formats.Spec
 
     @property
     def tw(self) -> numpy.dtype:

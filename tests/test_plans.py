@@ -591,7 +591,7 @@ def test_stream_16bit_rows():
             assert got == ("stream", block, tpr, steps, block // tpr, minb * block), (n, p)
             roll = n in (1024, 1536, 2048)  # pass 2 a loop
             coherent = fp16 in (x, w, b)  # w and b through ld.global
-            want = (False, x, w, b, 8, tpr, block, steps, minb, partial, roll, coherent)
+            want = (False, x, w, b, 0, 0, 0, 8, tpr, block, steps, minb, partial, roll, coherent)
             assert p.kernel.args[3:] == want and p.arg("TR") is None, p
             assert F.forward_grid(70001, p, 0) == -(-70001 // (block // tpr))
             for affine in ((True, False), (False, True), (False, False)):

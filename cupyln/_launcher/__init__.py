@@ -14,6 +14,7 @@ from .cache import set_plan_constant
 from .dense import (
     BWD_ARGS,
     FWD_ARGS,
+    NO_QUANT,
     add_launch,
     backward_launch,
     describe_kernels,
@@ -39,6 +40,7 @@ from .jagged import (
 __all__ = [
     "BWD_ARGS",
     "FWD_ARGS",
+    "NO_QUANT",
     "Jagged",
     "JaggedKernels",
     "add_launch",

@@ -27,8 +27,9 @@ from .device import capacity, device, function, placed
 
 # The parameter lists' formats (``struct`` module codes, laid out as C lays out parameters): Q
 # a pointer, q an i64, i an int, {a} the arithmetic type (f: float, d: double).
-# x, x_stride, y, w, b, mean, rstd, M, N, eps, res, res_stride, h
-FWD_ARGS = "QqQQQQQqi{a}QqQ"
+# x, x_stride, y, w, b, mean, rstd, M, N, eps, res, res_stride, h, qscale, qin, qamax, qvalue
+FWD_ARGS = "QqQQQQQqi{a}QqQQQQf"
+NO_QUANT = (0, 0, 0, 0.0)  # qscale, qin, qamax, qvalue of a y not quantized
 # dy, dy_stride, x, x_stride, w, mean, rstd, dx, dw_part, db_part, M, N, inv_n, rows_per_slice,
 # dh, dh_stride
 BWD_ARGS = "QqQqQQQQQQqi{a}qQq"
@@ -61,7 +62,7 @@ def forward_launch(device_id: int, p: Problem, vec: int):
             p.m, p.n, p.dtype, p.tw, p.tb, vec, smem_limit=dev.smem_block,
             max_cluster=max_cluster, sm_count=dev.sm_count, dram_per_sm=dev.dram_per_sm,
             affine=p.affine, rms=p.rms, residual=p.residual, threads_sm=dev.threads_sm,
-            y_dtype=p.y_dtype,
+            y_dtype=p.y_dtype, quant=p.quant,
         )  # fmt: skip
 
     plan, f, cap = placed(device_id, make)
@@ -102,11 +103,13 @@ def forward_launch_at(device_id: int, p: Problem, align: int):
     return launch
 
 
-def launch_forward(device_id: int, p: Problem, ptrs: tuple, eps: float, stream=None) -> None:
+def launch_forward(device_id: int, p: Problem, ptrs: tuple, eps: float, stream=None,
+                   quant: tuple = NO_QUANT) -> None:  # fmt: skip
     """Forward of problem ``p`` (M >= 1) at ``ptrs`` = (x, y, w, b, mean, rstd, residual, h):
     y and h contiguous, mean/rstd of M values (0: not stored), w/b 0 where absent, residual
-    and h 0 without an add in front. A plan that does not fuse the add runs ln_fwd_add first,
-    then the norm of h, which writes y in y's dtype whatever h's."""
+    and h 0 without an add in front; ``quant``: (scales, input scalar, amax, value) of a
+    quantized y (p.quant), whose elements y is. A plan that does not fuse the add runs
+    ln_fwd_add first, then the norm of h, which writes y in y's dtype whatever h's."""
     x, y, w, b, mean, rstd, res, h = ptrs
     key = (device_id, p, (x | y | res | h) & 15)
     launch = _pointer_forwards.get(key)  # one lookup for the bridges' repeated calls
@@ -114,16 +117,16 @@ def launch_forward(device_id: int, p: Problem, ptrs: tuple, eps: float, stream=N
     stream = _runtime.current_stream() if stream is None else stream
     if not plan.unfused:
         k(grid, block, smem, stream, x, p.x_stride, y, w, b, mean, rstd, p.m, p.n, eps, res,
-          p.r_stride, h)  # fmt: skip
+          p.r_stride, h, *quant)  # fmt: skip
         return
     # the add first, then the norm of h (its Store writes y in y's dtype)
     r_dtype, h_dtype = p.residual
     add, add_grid = add_launch(device_id, p.m, p.n, p.dtype, r_dtype, h_dtype, vec)
     add(add_grid, fwd.ADD_BLOCK, 0, stream, x, p.x_stride, 0, 0, 0, 0, 0, p.m, p.n, 0.0, res,
-        p.r_stride, h)  # fmt: skip
+        p.r_stride, h, *NO_QUANT)  # fmt: skip
     of_h = p._replace(dtype=h_dtype, residual=None, x_stride=p.n, r_stride=0,
                       y_dtype=None if p.ty == h_dtype else p.ty)  # fmt: skip
-    launch_forward(device_id, of_h, (h, y, w, b, mean, rstd, 0, 0), eps, stream)
+    launch_forward(device_id, of_h, (h, y, w, b, mean, rstd, 0, 0), eps, stream, quant)
 
 
 # ------------------------------------------------------------------------------ backward

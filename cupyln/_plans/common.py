@@ -10,9 +10,12 @@ from functools import cache
 # The policies every dense kernel takes first (kernels/policy.cuh): what a row is (x, or
 # x + residual -> h), and what the norm writes (which statistics, y's dtype, w and b).
 LOAD = ("Load", ("T", "TR", "TH"))
-STORE = ("Store", ("RMS", "TY", "TW", "TB"))
-# What a kernel record may leave out: no residual, y of x's dtype.
-DEFAULTS = {"TR": None, "TH": None, "TY": "T"}
+STORE = ("Store", ("RMS", "TY", "TW", "TB", "QF", "QB", "QO"))
+# What a kernel record may leave out: no residual, y of x's dtype, y not quantized (QF: the
+# format's code in kernels/policy.cuh, QB: elements a scale covers, QO: option bits).
+DEFAULTS = {"TR": None, "TH": None, "TY": "T", "QF": 0, "QB": 0, "QO": 0}
+# Policy parameters whose C++ defaults a name expression leaves out where they are trailing.
+TRAILING = {"QF": 0, "QB": 0, "QO": 0}
 
 # Each kernel's template arguments, in the order kernels/*.cu declares them: a parameter, or a
 # policy (its name, its parameters). A plan names its parameters; the compile layer renders

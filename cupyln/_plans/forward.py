@@ -118,15 +118,18 @@ def forward_launch_plan(m: int, n: int, x_dtype, w_dtype, b_dtype, vec: int, sme
                         max_cluster: int, sm_count: int, dram_per_sm: float = 0.0,
                         affine: tuple = (True, True), rms: bool = False,
                         residual: tuple | None = None, threads_sm: int = FWD_STREAM_THREADS,
-                        y_dtype=None) -> Plan:  # fmt: skip
+                        y_dtype=None, quant=None) -> Plan:  # fmt: skip
     """The forward's plan for M rows of N: ``forward_plan`` at ``forward_items`` packs a
     thread. A short launch on a device with clusters takes instead, of the plans whose grid fits
     one wave of resident blocks, the one that fills it most, where that beats the first plan's
     fill of its waves; and streams where none fits one wave (FWD_STREAM_SHORT). Long launches
     stream where the device's DRAM feeds an SM at FWD_STREAM_DRAM_PER_SM or more and an SM holds
     FWD_STREAM_THREADS threads (``threads_sm``). ``affine``: (w given, b given); ``rms``,
-    ``residual``, ``y_dtype``: as forward_plan."""
+    ``residual``, ``y_dtype``, ``quant``: as forward_plan."""
     items = forward_items(m, n, vec, sm_count)
+    if quant is not None:
+        return quant_plan(n, x_dtype, w_dtype, b_dtype, vec, items, rms=rms, residual=residual,
+                          quant=quant)  # fmt: skip
     fast = dram_per_sm >= FWD_STREAM_DRAM_PER_SM and threads_sm >= FWD_STREAM_THREADS
     stream = fast and m <= MAX_GRID
     dtypes = (x_dtype, w_dtype, b_dtype)
@@ -178,7 +181,7 @@ def forward_plan(n: int, x_dtype, w_dtype, b_dtype, vec: int, smem_limit: int,
                  max_cluster: int = 1, items: int = FWD_REG_ITEMS, one_wave: bool = False,
                  stream: bool = False, affine: tuple = (True, True), rms: bool = False,
                  residual: tuple | None = None, res_stream: bool = False,
-                 y_dtype=None) -> Plan:  # fmt: skip
+                 y_dtype=None, quant=None) -> Plan:  # fmt: skip
     """The forward's kernel for rows of N elements of ``x_dtype`` in packs of ``vec``.
 
     ``smem_limit``: the device's opt-in shared bytes a block; ``max_cluster``: the largest
@@ -188,7 +191,10 @@ def forward_plan(n: int, x_dtype, w_dtype, b_dtype, vec: int, smem_limit: int,
     ``affine``: (w given, b given), compile-time flags of the stream kernel; ``rms``: RMSNorm;
     ``residual``: (residual dtype, h dtype) of a residual add in front, or None; ``res_stream``:
     the stream shapes of a residual add's rows (FWD_STREAM_RES_SHAPES besides); ``y_dtype``:
-    y's dtype, where not x's (the Store's)."""
+    y's dtype, where not x's (the Store's); ``quant``: a quantized y's spec (quant_plan)."""
+    if quant is not None:
+        return quant_plan(n, x_dtype, w_dtype, b_dtype, vec, items, rms=rms, residual=residual,
+                          quant=quant)  # fmt: skip
     if residual is not None:
         return _residual_plan(n, x_dtype, w_dtype, b_dtype, vec, smem_limit, max_cluster, items,
                               one_wave=one_wave, stream=stream, affine=affine, rms=rms,
@@ -240,6 +246,45 @@ def forward_plan(n: int, x_dtype, w_dtype, b_dtype, vec: int, smem_limit: int,
     block = ROW_BLOCK_ALONE if alone else ROW_BLOCK
     k = kernel("ln_fwd_row", **dtypes, RMS=rms, VEC=vec, BLOCK=block, STAGE=stage)
     return Plan(k, "row", vec, 0, block, block, 1, row_bytes if stage else 0)
+
+
+def quant_plan(n, x_dtype, w_dtype, b_dtype, vec, items, *, rms=False, residual=None,
+               quant) -> Plan:  # fmt: skip
+    """ln_fwd_reg with a quantizing Store (``quant``: a checked _formats.Spec): the register rows
+    hold every value of a scale's block until its max is known, so y is quantized in the norm's
+    one pass. A residual add is fused where one block of REG_BLOCK_MAX threads holds the row at
+    FWD_RES_ITEMS packs a thread, else ln_fwd_add runs first (``unfused``). ValueError where no
+    block holds the row (the other tiers keep no block's values to quantize them)."""
+    from .._dtypes import BYTES
+    from .._formats import store_args
+
+    h_dtype = x_dtype if residual is None else residual[1]
+    wide = max(h_dtype.itemsize, w_dtype.itemsize, b_dtype.itemsize) > 4
+    block_max = REG_BLOCK_MAX if wide or residual is not None else FWD_REG_BLOCK_MAX
+    if residual is not None:
+        items = min(items, FWD_RES_ITEMS)
+    shape = reg_shape(n, vec, items * vec, block_max)
+    if shape is None and items != FWD_REG_ITEMS:
+        items = FWD_REG_ITEMS if residual is None else FWD_RES_ITEMS
+        shape = reg_shape(n, vec, items * vec, block_max)
+    if shape is None and residual is not None:
+        h_plan = quant_plan(n, h_dtype, w_dtype, b_dtype, vec, FWD_REG_ITEMS, rms=rms, quant=quant)
+        return replace(h_plan, unfused=True)
+    limit = FWD_REG_ITEMS * vec * block_max
+    if shape is None:
+        raise ValueError(f"quant={quant.name!r} takes rows of at most {limit} elements of "
+                         f"{h_dtype.name} here; got N = {n}")  # fmt: skip
+    dtypes = dict(T=x_dtype, TY=BYTES, TW=w_dtype, TB=b_dtype, **store_args(quant))
+    plan = _reg_plan(n, vec, dtypes, shape, items * vec, block_max, sixteen=False,
+                     one_wave=False, max_cluster=1, rms=rms, residual=residual)  # fmt: skip
+    pb = (quant.block or 0) // vec  # packs a block scale covers (0: no blocks)
+    tpr = plan.tpr
+    # a block's packs within a warp, or whole rows' lanes (policy.cuh); fp4 elements in pairs
+    if (pb and not (pb <= 32 or pb % tpr == 0)) or (quant.name == "nvfp4" and vec % 2):
+        raise ValueError(f"quant={quant.name!r} needs rows whose packs fill its blocks: x, "
+                         f"the residual and N aligned to 16 bytes; got N = {n} in packs of "
+                         f"{vec}")  # fmt: skip
+    return plan
 
 
 def _residual_plan(n, x_dtype, w_dtype, b_dtype, vec, smem_limit, max_cluster, items, *,

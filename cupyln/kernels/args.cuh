@@ -16,14 +16,17 @@
 // w, b [N] or nullptr (no scale, no shift); mean, rstd [M], or nullptr (not stored),
 // rstd = 1 / sqrt(biased variance + eps). res [M, N] at res_stride and h [M, N] contiguous: the
 // residual and h = x + res, of the Load's TR and TH, read and written only by the kernels that
-// fuse the residual add (a Load with a residual); the others take nullptr.
+// fuse the residual add (a Load with a residual); the others take nullptr. qscale, qin, qamax,
+// qvalue: a quantized y's scales and operands (policy.cuh QuantOut), read by the kernels whose
+// Store quantizes (y is then its elements' bytes); the others take nullptr and 0.
 #define CUPYLN_FWD_PARAMS                                                              \
   const typename LD::X *__restrict__ x, const i64 x_stride,                            \
       typename ST::Y *__restrict__ y, const typename ST::W *__restrict__ w,            \
       const typename ST::B *__restrict__ b, typename LD::A *__restrict__ mean,         \
       typename LD::A *__restrict__ rstd, const i64 M, const int N,                     \
       const typename LD::A eps, const void *__restrict__ res, const i64 res_stride,    \
-      void *__restrict__ h
+      void *__restrict__ h, void *__restrict__ qscale, const float *__restrict__ qin,  \
+      float *__restrict__ qamax, const float qvalue
 
 // dy, x [M, N] at their row strides; w [N] or nullptr; mean, rstd [M] from the forward;
 // dx [M, N] contiguous; dw_part, db_part [G, N]: one partial row of the dw/db sums per block

@@ -10,13 +10,15 @@
 //   * widen / narrow: element <-> arithmetic conversions (round-to-nearest-even); widen_at:
 //     element k of a pack (bf16 through the 32-bit word holding it: one instruction);
 //   * load_pack / store_pack: VEC consecutive elements in one access of VEC*sizeof(T) bytes
-//     (the caller guarantees that alignment); normalize_store: one pack's y, scaled and shifted;
+//     (the caller guarantees that alignment); normalize_values / normalize_store: one pack's
+//     y, scaled and shifted;
 //     l2_policy / load_hinted: a 16-byte load kept in place, under an L2 eviction policy (and
 //     past L1 if asked); load_read_only: a 16-byte load of read-only data, through the
 //     non-coherent path or the coherent one; prefetch_l1: a line brought into L1 ahead;
 //   * walk_vectors: a group's strided walk over the packs of a span, U loads in flight;
 //   * group_sum: a sum over the TPR threads that own one row, identical in every thread
-//     (xor butterfly inside a warp, fixed-order sum of per-warp partials across warps);
+//     (xor butterfly inside a warp, fixed-order sum of per-warp partials across warps), and
+//     group_max, their largest value;
 //   * sum_over_y: fixed-order column sums in the (32, Y) blocks of the dw/db kernels;
 //   * wait_prior_grid / release_dependents: programmatic dependent launch (sm_90+);
 //   * SMEM_BLOCK_OPTIN: the opt-in shared bytes a block of the target architecture may have.
@@ -348,16 +350,16 @@ __device__ __forceinline__ void store_pack(T* __restrict__ p, const A (&in)[VEC]
   }
 }
 
-// y = ((x - k) - m) * rs * w + b for the VEC elements of pk (columns [col, col + VEC) of w and
-// b, each optional: nullptr, or a TW/TB of void), stored at dst of T. k and m are subtracted
-// one after the other: with k a shift near the data (the row's first element) and m the mean
-// of x - k, large-mean rows keep their precision.
-template <typename T, typename TW, typename TB, typename A, int VEC, typename S>
-__device__ __forceinline__ void normalize_store(const Pack<S, VEC>& pk, const A k, const A m,
-                                                const A rs, const TW* __restrict__ w,
-                                                const TB* __restrict__ b, const int col,
-                                                T* __restrict__ dst) {
-  A o[VEC], p[VEC];
+// o = ((x - k) - m) * rs * w + b for the VEC elements of pk (columns [col, col + VEC) of w and
+// b, each optional: nullptr, or a TW/TB of void). k and m are subtracted one after the other:
+// with k a shift near the data (the row's first element) and m the mean of x - k, large-mean
+// rows keep their precision.
+template <typename TW, typename TB, typename A, int VEC, typename S>
+__device__ __forceinline__ void normalize_values(const Pack<S, VEC>& pk, const A k, const A m,
+                                                 const A rs, const TW* __restrict__ w,
+                                                 const TB* __restrict__ b, const int col,
+                                                 A (&o)[VEC]) {
+  A p[VEC];
 #pragma unroll
   for (int e = 0; e < VEC; ++e) o[e] = (widen_at<A>(pk, e) - k - m) * rs;
   if constexpr (!Same<TW, void>::value) {
@@ -374,6 +376,16 @@ __device__ __forceinline__ void normalize_store(const Pack<S, VEC>& pk, const A 
       for (int e = 0; e < VEC; ++e) o[e] += p[e];
     }
   }
+}
+
+// normalize_values' y of one pack, stored at dst of T.
+template <typename T, typename TW, typename TB, typename A, int VEC, typename S>
+__device__ __forceinline__ void normalize_store(const Pack<S, VEC>& pk, const A k, const A m,
+                                                const A rs, const TW* __restrict__ w,
+                                                const TB* __restrict__ b, const int col,
+                                                T* __restrict__ dst) {
+  A o[VEC];
+  normalize_values<TW, TB, A, VEC>(pk, k, m, rs, w, b, col, o);
   store_pack<T, A, VEC>(dst, o);
 }
 
@@ -449,6 +461,29 @@ __device__ __forceinline__ A group_sum(A v, A* red) {
     A t = red[0];
 #pragma unroll
     for (int i = 1; i < TPR / 32; ++i) t += red[i];
+    return t;
+  }
+}
+
+// The largest v over the TPR consecutive threads of a row, in every thread of the group: as
+// group_sum (GUARD always: `red` may be any buffer of TPR/32 values that the group owns).
+template <int TPR, int BLOCK = TPR>
+__device__ __forceinline__ float group_max(float v, float* red) {
+  if constexpr (TPR <= 32) {
+    unsigned mask = 0xffffffffu;
+    if constexpr (TPR < 32) mask = ((1u << TPR) - 1u) << ((threadIdx.x & 31u) / TPR * TPR);
+#pragma unroll
+    for (int o = TPR / 2; o > 0; o /= 2) v = fmaxf(v, shfl_xor(mask, v, o));
+    return v;
+  } else {
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) v = fmaxf(v, shfl_xor(0xffffffffu, v, o));
+    group_barrier<TPR, BLOCK>();  // no thread still reads `red`
+    if ((threadIdx.x & 31u) == 0) red[group_warp<TPR, BLOCK>()] = v;
+    group_barrier<TPR, BLOCK>();
+    float t = red[0];
+#pragma unroll
+    for (int i = 1; i < TPR / 32; ++i) t = fmaxf(t, red[i]);
     return t;
   }
 }

@@ -130,6 +130,8 @@ __global__ void __launch_bounds__(BLOCK, sm_blocks(MINB))
   auto held = [&](const int i) { return i < WHOLE || (i * TPR + lane) * VEC < N; };
   auto col = [&](const int i) { return (i * TPR + lane) * VEC; };
   const ElementsAt<VEC, TPR> at{lane};
+  const QuantOut quant{qscale, qin, qamax, qvalue};
+  float seen = 0.0f;  // a quantized y's largest |y| (ST::end)
 
   for (i64 row = static_cast<i64>(blockIdx.x) * ROWS + threadIdx.x / TPR; row < M; row += step) {
     const typename LD::X* __restrict__ xr = x + row * x_stride;
@@ -166,12 +168,10 @@ __global__ void __launch_bounds__(BLOCK, sm_blocks(MINB))
       k = 0;
     }
 
-    typename ST::Y* __restrict__ yr = y + row * N;
-#pragma unroll
-    for (int i = 0; i < ITEMS; ++i) {
-      if (held(i)) ST::apply(held_x[i], k, d, r, w, b, col(i), yr + col(i));
-    }
+    ST::template write<TPR, BLOCK, VEC, ITEMS>(held_x, k, d, r, w, b, held, lane, y, row, N, quant,
+                                               seen);
   }
+  ST::template end<BLOCK>(quant, seen);
 }
 
 // Tier "reg" split over a cluster (sm_90): rows too wide for one block's registers at the

@@ -7,7 +7,9 @@
 //     beyond 6 the largest); pack_e2m1: two codes a byte, the first in the low nibble;
 //   * e8m0_of: the biased exponent of an MX block scale, 2^ceil(log2(amax / top)) with top =
 //     448 or 57344 (0 for an all-zero block, 254 for infinity, 0xff for NaN), and
-//     inv_scale_of_e8m0: the power of two that a block's values are multiplied by.
+//     inv_scale_of_e8m0: the power of two that a block's values are multiplied by;
+//   * from_e4m3: an e4m3 scale's value (NVFP4's block scales); pow2_at_least: a scale rounded up
+//     to a power of two.
 //
 // The fp8 bytes are formed on the bits of the float: sm_89 and newer have a conversion
 // instruction for the same rounding, which a Store can use in their place; these are exact on
@@ -88,6 +90,20 @@ __device__ __forceinline__ unsigned char e8m0_of(const float amax) {
 __device__ __forceinline__ float inv_scale_of_e8m0(const unsigned char byte) {
   const unsigned int b = byte > 253u ? 253u : byte;
   return __uint_as_float((254u - b) << 23);
+}
+
+// The value of an e4m3 byte that to_e4m3 gave for a non-negative float (no NaN): exact.
+__device__ __forceinline__ float from_e4m3(const unsigned char byte) {
+  const unsigned int e = (byte >> 3) & 0xfu, m = byte & 0x7u;
+  if (e == 0) return static_cast<float>(m) * 0.001953125f;  // subnormal: m * 2^-9
+  return __uint_as_float(((e + 120u) << 23) | (m << 20));
+}
+
+// The least power of two >= s, for a positive normal float s (exact, on its bits).
+__device__ __forceinline__ float pow2_at_least(const float s) {
+  const unsigned int u = __float_as_uint(s);
+  const unsigned int up = (u & 0x7fffffu) ? (u & 0x7f800000u) + 0x00800000u : u;
+  return __uint_as_float(up);
 }
 
 }  // namespace cupyln

@@ -1,0 +1,275 @@
+"""quant=: the norm quantized in its own pass (CuPy API).
+
+CPU tier: the plans give a quantized y the register rows with the Store's format codes, fuse or
+unfuse a residual add as for a plain y, and refuse rows no block holds; the checks refuse bad
+operands by name. GPU tier: LayerNorm and RMSNorm, with a residual add and a weight offset, in
+each format against the float64 reference quantized at the kernel's own scales (every element
+within one code of it, nearly all equal), the scales against the reference's, into a NaN-
+poisoned pool; the cuBLAS layout as the rows layout tiled; fp8's amax; the statistics as the
+plain call's.
+"""
+
+import itertools
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from cupyln import _formats as Q
+from cupyln import reference as ref
+from cupyln._plans import forward as F
+
+from .conftest import requires_gpu
+from .test_plans import SMEM_H100
+
+BF16, F16, F32, F64 = ref.BFLOAT16, np.dtype(np.float16), np.dtype(np.float32), np.dtype("f8")
+_seed = itertools.count(9700)
+
+
+# ------------------------------------------------------------------------------- CPU tier
+def test_plans_quantize_in_the_register_rows():
+    for quant, block in (("fp8", None), ("fp8_row", None), ("fp8_block", 64), ("mxfp8", None),
+                         ("nvfp4", None)):  # fmt: skip
+        for n in (128, 1024, 4096, 16384, 65536):
+            s = Q.spec(quant, n, block=block) if block else Q.spec(quant, n)
+            p = F.forward_launch_plan(100, n, BF16, BF16, BF16, 8, SMEM_H100, 8, 132, 40e9,
+                                      quant=s)  # fmt: skip
+            codes = Q.store_args(s)
+            assert p.tier == "reg" and p.cluster == 1 and not p.unfused, (quant, n, p)
+            assert p.arg("TY") == np.uint8 and all(p.arg(k) == v for k, v in codes.items())
+            if s.block:  # a block's packs inside a warp, or spread over whole rows' lanes
+                pb = s.block // 8
+                assert pb <= 32 or pb % p.tpr == 0
+    # a residual add: fused where a block of 512 holds the row at 4 packs a thread, else first
+    s = Q.spec("mxfp8", 8192)
+    p = F.forward_launch_plan(100, 8192, BF16, BF16, BF16, 8, SMEM_H100, 8, 132, 40e9,
+                              residual=(BF16, BF16), quant=s)  # fmt: skip
+    assert p.arg("TR") == BF16 and not p.unfused
+    s = Q.spec("mxfp8", 32768)
+    p = F.forward_launch_plan(100, 32768, BF16, BF16, BF16, 8, SMEM_H100, 8, 132, 40e9,
+                              residual=(BF16, BF16), quant=s)  # fmt: skip
+    assert p.unfused and p.arg("TR") is None and p.arg("QF") == Q.CODES["mxfp8"]
+    with pytest.raises(ValueError, match="at most 32768 elements of float32"):
+        F.forward_plan(65536, F32, F32, F32, 4, SMEM_H100, 8, quant=Q.spec("fp8_row", 65536))
+
+
+def test_store_args_and_outputs():
+    s = Q.spec("fp8_block", 200, block=64, pow2_scale=True, fp8_dtype="e5m2")
+    assert Q.store_args(s) == {"QF": 3, "QB": 64, "QO": Q.E5M2_BIT | Q.POW2_BIT}
+    assert Q.outputs(s, (2, 3, 200)) == (((2, 3, 200), np.uint8), ((2, 3, 4), np.float32))
+    s = Q.spec("nvfp4", 64, scale_layout="cublas")
+    assert Q.outputs(s, (5, 64)) == (((5, 32), np.uint8), ((128, 4), np.uint8))
+    assert Q.outputs(Q.spec("fp8", 8), (2, 8))[1] is None  # the caller's scale
+
+
+def test_operands_are_checked_by_name():
+    with pytest.raises(TypeError, match="unexpected keyword argument 'scales'"):
+        Q.split_options({"scales": 1.0})
+    opts, ops = Q.split_options({"block": 64, "scale": 2.0})
+    assert opts == {"block": 64} and ops == {"scale": 2.0}
+    with pytest.raises(ValueError, match="quant='fp8' needs scale="):
+        Q.needed(Q.spec("fp8", 8), {})
+    with pytest.raises(ValueError, match="quant='nvfp4' needs global_amax="):
+        Q.needed(Q.spec("nvfp4", 16), {"global_amax": None})
+    with pytest.raises(ValueError, match="scale= applies to quant='fp8' only"):
+        Q.needed(Q.spec("mxfp8", 32), {"scale": 1.0})
+    with pytest.raises(ValueError, match="amax= applies to quant='fp8' only"):
+        Q.needed(Q.spec("fp8_row", 32), {"amax": object()})
+
+
+# ------------------------------------------------------------------------------- GPU tier
+def _signed(codes, sign_bit: int):
+    """Sign-magnitude codes as signed ints: neighbours in value differ by one."""
+    c = codes.astype(np.int32)
+    return np.where(c & sign_bit, -(c & (sign_bit - 1)), c)
+
+
+def _codes(values, s):
+    """float64 values to the format's codes (nearest even, saturating), as uint8."""
+    v = np.clip(values, -s.max, s.max).astype(s.dtype)
+    if s.name == "nvfp4":
+        return v.view(np.uint8) & 0xF
+    return v.view(np.uint8)
+
+
+def _unpack(data, s):
+    """The kernel's element codes, fp4 ones unpacked (the first in the low nibble)."""
+    if s.name != "nvfp4":
+        return data
+    out = np.empty((*data.shape[:-1], data.shape[-1] * 2), np.uint8)
+    out[..., 0::2] = data & 0xF
+    out[..., 1::2] = data >> 4
+    return out
+
+
+def _within_a_code(got, want, bit, what):
+    """Codes of sign bit ``bit`` within one of each other, and nearly all equal."""
+    d = np.abs(_signed(got, bit) - _signed(want, bit))
+    assert d.max() <= 1, (what, int(d.max()), np.argwhere(d > 1)[:5])
+    assert (d == 0).mean() >= 0.99, (what, float((d == 0).mean()))
+
+
+def _rows_scales(sc, s, m, n):
+    """The kernel's scales as [M, blocks], from either layout (cuBLAS padding checked zero)."""
+    nb = s.blocks(n)
+    if s.scale_layout == "rows":
+        return sc.reshape(m, nb)
+    r, c = np.meshgrid(np.arange(m), np.arange(nb), indexing="ij")
+    flat = sc.reshape(-1)
+    got = flat[Q.cublas_offset(r, c, nb)]
+    mask = np.ones(flat.shape, bool)
+    mask[Q.cublas_offset(r, c, nb).reshape(-1)] = False
+    assert not flat[mask].any(), "the cuBLAS layout's padding is zero"
+    return got
+
+
+def _check_quantized(q, y64, s, what, given=None, global_amax=None):
+    """q against the float64 y: scales as the reference forms them from max|y| (E8M0 and e4m3
+    block scales within a code, float scales within float32 rounding), elements within one
+    code of the reference's at the kernel's own scales."""
+    m, n = int(np.prod(y64.shape[:-1])), y64.shape[-1]
+    rows = y64.reshape(m, n)
+    data = _unpack(q.data.get(), s).reshape(m, n)
+    ref_data, ref_scale = ref.quantize(y64, s.name, scale=given, global_amax=global_amax,
+                                       **_options(s))  # fmt: skip
+    if s.name == "fp8":
+        want = rows / float(np.float32(given))
+    else:
+        got_sc = _rows_scales(q.scale.get(), s, m, n)
+        want_sc = _rows_scales(np.asarray(ref_scale), s, m, n)
+        width = s.block or n
+        pad = np.pad(rows, ((0, 0), (0, -n % width))).reshape(m, -1, width)
+        if s.name == "mxfp8":
+            d = np.abs(got_sc.astype(np.int32) - want_sc.astype(np.int32))
+            assert d.max() <= 1 and (d == 0).mean() >= 0.999, (what, "scales")
+            inv = np.ldexp(1.0, 127 - got_sc.astype(np.int32))
+            want = (pad * inv[..., None]).reshape(m, -1)[:, :n]
+        elif s.name == "nvfp4":
+            _within_a_code(got_sc, want_sc.view(np.uint8), 0x80, what + " block scales")
+            sv = got_sc.view(ml_dtypes.float8_e4m3fn).astype(np.float64)
+            g = np.float32(global_amax)
+            big = float(np.float32(2688.0) / g) if g else 1.0
+            with np.errstate(divide="ignore", invalid="ignore"):
+                v = np.where(sv[..., None] > 0, pad * big / sv[..., None], 0.0)
+            want = v.reshape(m, -1)[:, :n]
+        else:
+            np.testing.assert_allclose(got_sc, want_sc, rtol=2e-6, err_msg=what + " scales")
+            want = (pad / got_sc.astype(np.float64)[..., None]).reshape(m, -1)[:, :n]
+    _within_a_code(data, _codes(want, s), 0x8 if s.name == "nvfp4" else 0x80, what)
+    assert ref_data.shape == y64.shape
+
+
+def _options(s):
+    out = {}
+    if s.name != "nvfp4" and s.dtype == Q.E5M2:
+        out["fp8_dtype"] = "e5m2"
+    if s.name == "fp8_block":
+        out["block"] = s.block
+        out["pow2_scale"] = s.pow2_scale
+    if s.scale_ub is not None:
+        out["scale_ub"] = s.scale_ub
+    if s.scale_layout != "rows":
+        out["scale_layout"] = s.scale_layout
+    return out
+
+
+CASES = [  # (quant, options, operands)
+    ("fp8", {}, {"scale": 0.0125}),
+    ("fp8", {"fp8_dtype": "e5m2"}, {"scale": 0.002}),
+    ("fp8_row", {}, {}),
+    ("fp8_row", {"scale_ub": 1.5}, {}),
+    ("fp8_block", {}, {}),
+    ("fp8_block", {"block": 64, "pow2_scale": True}, {}),
+    ("mxfp8", {}, {}),
+    ("mxfp8", {"fp8_dtype": "e5m2", "scale_layout": "cublas"}, {}),
+    ("nvfp4", {}, {"global_amax": 9.0}),
+    ("nvfp4", {"scale_layout": "cublas"}, {"global_amax": 0.0}),
+]
+
+
+@pytest.mark.gpu
+@requires_gpu
+@pytest.mark.parametrize("n", [128, 1000, 4096, 16384])
+@pytest.mark.parametrize("dtype", [BF16, F16, F32, F64], ids=lambda d: d.name)
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_each_format_of_each_norm(case, dtype, n):
+    import cupy
+
+    import cupyln
+
+    quant, opts, ops = CASES[case]
+    if n % (Q.FORMATS[quant].block or 1) and Q.FORMATS[quant].divides:
+        pytest.skip("N is not a multiple of the block")
+    if dtype == F64 and n > 4096:
+        pytest.skip("float64 rows of the register tier")
+    seed = next(_seed)
+    shape = (3, 43, n)  # 129 rows: the cuBLAS layout pads past 128
+    x = ref.sample(shape, dtype, seed=seed)
+    r = ref.sample(shape, dtype, seed=seed + 1)
+    w = ref.sample((n,), dtype, loc=1.0, seed=seed + 2)
+    b = ref.sample((n,), dtype, loc=0.1, seed=seed + 3)
+    s = Q.spec(quant, n, **opts)
+    h = ref.add(x, r, dtype)
+    runs = {
+        "ln": (lambda **k: cupyln.forward(x, w, b, **k), ref.forward(x, w, b)[0]),
+        "rms+offset": (lambda **k: cupyln.rms_forward(x, w, weight_offset=1.0, **k),
+                       ref.rms_forward(x, w, weight_offset=1.0)[0]),
+        "add+rms": (lambda **k: cupyln.rms_forward(x, w, residual=r, **k),
+                    ref.rms_forward(h, w)[0]),
+        "add+ln": (lambda **k: cupyln.forward(x, w, b, residual=r, **k), ref.forward(h, w, b)[0]),
+    }  # fmt: skip
+    for name, (call, y64) in runs.items():
+        what = f"{quant} {opts} {dtype.name} N={n} {name}"
+        ref.poison_pool(x.size * 4)
+        got = call(quant=quant, **opts, **ops)
+        plain = call()
+        q = got[0]
+        assert isinstance(q, cupyln.Quantized)
+        for a, want in zip(got[1:], plain[1:]):  # the statistics (and h) as the plain call's
+            cupy.testing.assert_allclose(a.astype(cupy.float64), want.astype(cupy.float64),
+                                         rtol=1e-5, atol=1e-6, err_msg=what)  # fmt: skip
+        _check_quantized(q, cupy.asnumpy(y64), s, what, ops.get("scale"), ops.get("global_amax"))
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_fp8_scale_as_an_array_and_the_amax_it_writes():
+    import cupy
+
+    import cupyln
+
+    x = ref.sample((64, 2048), BF16, seed=9690)
+    w = ref.sample((2048,), BF16, loc=1.0, seed=9691)
+    scale = cupy.asarray(np.float32(0.01))
+    amax = cupy.full((), 123.0, cupy.float32)  # overwritten, not maxed with
+    q, _ = cupyln.rms_forward(x, w, quant="fp8", scale=scale, amax=amax)
+    y64 = cupy.asnumpy(ref.rms_forward(x, w)[0])
+    assert q.scale is scale
+    np.testing.assert_allclose(float(amax), np.abs(y64).max(), rtol=1e-5)
+    _check_quantized(q, y64, Q.spec("fp8", 2048), "fp8 array scale", given=0.01)
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_bad_quant_calls_raise_before_writing():
+    import cupy
+
+    import cupyln
+
+    x = ref.sample((4, 96), BF16, seed=9680)
+    w = ref.sample((96,), BF16, seed=9681)
+    cases = [
+        (dict(quant="mxfp8"), ValueError, "multiple of 32; got N = 96"),
+        (dict(quant="fp8"), ValueError, "needs scale="),
+        (dict(quant="fp8", scale="1"), TypeError, "scale must be a float"),
+        (dict(quant="fp8", scale=cupy.ones(2, cupy.float32)), ValueError, "0-d float32"),
+        (dict(quant="fp8_row", out_dtype=F32), ValueError, "out_dtype does not apply"),
+        (dict(quant="fp8_row", out=(None, None)), ValueError, "out= does not take"),
+        (dict(block=64), TypeError, "block= needs quant="),
+        (dict(quant="fp8_row", scales=1), TypeError, "unexpected keyword argument 'scales'"),
+        (dict(quant="fp8", scale=1.0, amax=np.float32(0)), TypeError, "amax must be a 0-d"),
+    ]
+    for kw, err, msg in cases:
+        with pytest.raises(err, match=msg):
+            cupyln.rms_forward(x, w, **kw)
+    assert cupyln.rms_norm(x, w, quant="fp8_row").data.dtype == np.uint8
