@@ -273,3 +273,84 @@ def test_bad_quant_calls_raise_before_writing():
         with pytest.raises(err, match=msg):
             cupyln.rms_forward(x, w, **kw)
     assert cupyln.rms_norm(x, w, quant="fp8_row").data.dtype == np.uint8
+
+
+# ------------------------------------------------------------------------------- torch
+def test_torch_op_fake_shapes_and_the_refusal_under_autograd():
+    torch = pytest.importorskip("torch")
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    import cupyln.torch  # noqa: F401 - defines the ops
+
+    op = torch.ops.cupyln.norm_fwd_q.default
+    with FakeTensorMode():
+        x = torch.empty(4, 5, 64, dtype=torch.bfloat16)
+        w = torch.empty(64, dtype=torch.bfloat16)
+        for quant, layout, data_shape, scale in (
+            ("mxfp8", "rows", (4, 5, 64), ((4, 5, 2), torch.float8_e8m0fnu)),
+            ("nvfp4", "cublas", (4, 5, 32), ((128, 4), torch.float8_e4m3fn)),
+            ("fp8_row", "rows", (4, 5, 64), ((4, 5, 1), torch.float32)),
+        ):
+            got = op(x, None, w, None, 1e-6, True, None, 0.0, quant, 0, False, 0.0, layout,
+                     "e4m3", None, 1.0, None)  # fmt: skip
+            assert tuple(got[0].shape) == data_shape
+            assert (tuple(got[1].shape), got[1].dtype) == scale
+            assert got[2].numel() == 0 and got[3].shape == (4, 5)
+    x = torch.ones(2, 64, requires_grad=True)
+    with pytest.raises(ValueError, match="quant= is forward-only"):
+        op(x, None, None, None, 1e-6, True, None, 0.0, "fp8_row", 0, False, 0.0, "rows", "e4m3",
+           None, 0.0, None)  # fmt: skip
+    with pytest.raises(ValueError, match="quant= needs CUDA tensors"):
+        cupyln.torch.rms_norm(torch.ones(2, 64), (64,), quant="mxfp8")
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_torch_quant_is_the_cupy_result():
+    torch = pytest.importorskip("torch")
+    import cupy
+
+    import cupyln
+    import cupyln.torch as ct
+
+    n = 4096
+    x = ref.sample((6, 50, n), BF16, seed=9650)
+    r = ref.sample((6, 50, n), BF16, seed=9651)
+    w = ref.sample((n,), BF16, loc=1.0, seed=9652)
+    b = ref.sample((n,), BF16, seed=9653)
+    tx, tr, tw, tb = (torch.from_dlpack(a) for a in (x, r, w, b))
+    cases = [
+        (lambda **k: ct.rms_norm(tx, (n,), tw, 1e-6, **k),
+         lambda **k: cupyln.rms_norm(x, w, 1e-6, **k)),
+        (lambda **k: ct.layer_norm(tx, (n,), tw, tb, **k),
+         lambda **k: cupyln.layer_norm(x, w, b, **k)),
+        (lambda **k: ct.add_rms_norm(tx, tr, (n,), tw, 1e-6, **k)[0],
+         lambda **k: cupyln.rms_forward(x, w, 1e-6, residual=r, **k)[0]),
+        (lambda **k: ct.add_layer_norm(tx, tr, (n,), tw, tb, **k)[0],
+         lambda **k: cupyln.forward(x, w, b, residual=r, **k)[0]),
+    ]  # fmt: skip
+    for quant, kw in (("mxfp8", {"scale_layout": "cublas"}), ("nvfp4", {"global_amax": 8.0}),
+                      ("fp8_row", {}), ("fp8_block", {"block": 64})):  # fmt: skip
+        for ours, theirs in cases:
+            got, want = ours(quant=quant, **kw), theirs(quant=quant, **kw)
+            for a, c in ((got.data, want.data), (got.scale, want.scale)):
+                a_bytes = a.view(torch.uint8) if a.dtype != torch.float32 else a
+                assert torch.equal(a_bytes.reshape(-1), torch.from_dlpack(c).reshape(-1)), quant
+    assert got.data.dtype == torch.float8_e4m3fn
+    # fp8 with a tensor scale and amax; under torch.compile(fullgraph=True), as eagerly
+    scale = torch.tensor(0.02, device="cuda")
+    amax = torch.zeros((), device="cuda")
+    q = ct.rms_norm(tx, (n,), tw, 1e-6, quant="fp8", scale=scale, amax=amax)
+    y = torch.from_dlpack(cupyln.rms_norm(x, w, 1e-6)).float()
+    assert q.scale is scale and abs(float(amax) - float(y.abs().max())) <= 1e-2 * float(amax)
+    f = torch.compile(lambda a, c: ct.rms_norm(a, (n,), c, 1e-6, quant="mxfp8"), fullgraph=True)
+    with torch.no_grad():
+        g = f(tx, tw)
+    want = cupyln.rms_norm(x, w, 1e-6, quant="mxfp8")
+    assert torch.equal(g.data.view(torch.uint8), torch.from_dlpack(want.data))
+    with pytest.raises(ValueError, match="quant= is forward-only"):
+        ct.rms_norm(tx, (n,), tw.clone().requires_grad_(), quant="mxfp8")
+    with torch.no_grad():
+        q, rstd = ct.forward(tx, tw.clone().requires_grad_(), None, 1e-6, rms=True, quant="fp8_row")
+    assert rstd.shape == (6, 50) and q.scale.shape == (6, 50, 1)
+    cupy.cuda.Device().synchronize()

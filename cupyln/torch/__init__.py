@@ -10,6 +10,7 @@
     y, h = cupyln.torch.add_layer_norm(x, residual, (N,), weight, bias)
     cupyln.torch.replace_norms(model)                         # nn.LayerNorm and nn.RMSNorm
     y, mean, rstd = cupyln.torch.forward(x, weight, bias)     # no autograd: the statistics
+    q = cupyln.torch.rms_norm(x, (N,), weight, quant="mxfp8")  # y quantized (forward only)
     dx, dw, db = cupyln.torch.backward(dy, x, weight, mean, rstd)  # for your own backward
 
 Every norm is one ``torch.library`` op pair, ``torch.ops.cupyln.norm_fwd`` / ``norm_bwd``
@@ -38,6 +39,7 @@ from ._eager import _eager_apply, _inference, eager, norm
 from ._glue import _check, _shapes
 from ._jagged import jagged_layer_norm
 from ._ops import _BWD, _FWD, _bwd_impl, _fwd_impl, needs_grad
+from ._quant import quantized
 
 __all__ = ["layer_norm", "LayerNorm", "replace_layer_norms", "forward", "backward",
            "jagged_layer_norm", "rms_norm", "RMSNorm", "add_rms_norm", "add_layer_norm",
@@ -91,11 +93,17 @@ def layer_norm(
     eps: float = 1e-5,
     *,
     out_dtype: torch.dtype | None = None,
-) -> torch.Tensor:
+    quant: str | None = None,
+    **quant_options,
+):
     """``torch.nn.functional.layer_norm`` with cupyln's kernels (CUDA tensors of float32,
     float16, bfloat16 or float64; weight and bias may have their own dtypes); ``out_dtype``:
     y's dtype, of input's precision (default input's: float32 in, bfloat16 out for the next
-    GEMM). CPU tensors go to ``torch.nn.functional.layer_norm`` itself."""
+    GEMM); ``quant``: y quantized in the same pass, as ``rms_norm``'s. CPU tensors go to
+    ``torch.nn.functional.layer_norm`` itself."""
+    if quant is not None or quant_options:
+        return quantized(input, None, weight, bias, eps, normalized_shape, rms=False,
+                         quant=quant, options=quant_options)[0]  # fmt: skip
     if isinstance(input, torch.Tensor) and input.device.type == "cpu":
         y = torch.nn.functional.layer_norm(input, _shape(normalized_shape), weight, bias, eps)
         return y if out_dtype is None else y.to(out_dtype)
@@ -133,18 +141,35 @@ def forward(
     weight: torch.Tensor | None = None,
     bias: torch.Tensor | None = None,
     eps: float = 1e-5,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``cupyln.forward`` on torch CUDA tensors: ``(y, mean, rstd)`` of LayerNorm over the last
-    dimension of x, launched on torch's current stream. No autograd: for code that keeps the
-    statistics for its own backward (an ``autograd.Function`` of its own); ``layer_norm``
-    records gradients. y is like x (contiguous); mean and rstd have shape ``x.shape[:-1]``,
-    float32 (float64 for float64 x), rstd = 1 / sqrt(var + eps). Under torch.compile the call
-    is the op ``torch.ops.cupyln.norm_fwd`` on detached inputs."""
-    if eager():
-        return _fwd_impl(x, None, weight, bias, eps, False, None, 0.0)[:3]
-    weight = None if weight is None else weight.detach()
-    bias = None if bias is None else bias.detach()
-    return _FWD(x.detach(), None, weight, bias, _checks.eps(eps), False, None, 0.0)[:3]
+    *,
+    rms: bool = False,
+    residual: torch.Tensor | None = None,
+    residual_dtype: torch.dtype | None = None,
+    weight_offset: float = 0.0,
+    quant: str | None = None,
+    **quant_options,
+) -> tuple:
+    """``cupyln.forward`` / ``cupyln.rms_forward`` on torch CUDA tensors: ``(y, mean, rstd)``
+    of LayerNorm over the last dimension of x (``rms``: ``(y, rstd)`` of RMSNorm), ``h``
+    appended with a ``residual`` add in front, launched on torch's current stream. No
+    autograd: for code that keeps the statistics for its own backward (an
+    ``autograd.Function`` of its own); ``layer_norm`` records gradients. y is like x
+    (contiguous), or with ``quant`` a ``cupyln.Quantized(data, scale)`` (as ``rms_norm``'s);
+    mean and rstd have shape ``x.shape[:-1]``, float32 (float64 for float64 x). Under
+    torch.compile the call is the op ``torch.ops.cupyln.norm_fwd`` (``norm_fwd_q``) on
+    detached inputs."""
+    detach = [None if t is None else t.detach() for t in (x, residual, weight, bias)]
+    if quant is not None or quant_options:
+        q, mean, rstd, h = quantized(*detach, eps, (x.shape[-1],), rms=rms,
+                                     residual_dtype=residual_dtype, weight_offset=weight_offset,
+                                     quant=quant, options=quant_options)  # fmt: skip
+        y = q
+    else:
+        offset = _checks.weight_offset(weight_offset, weight is not None)
+        args = (*detach, _checks.eps(eps), rms, residual_dtype, offset)
+        y, mean, rstd, h = _fwd_impl(*args) if eager() else _FWD(*args)
+    out = (y, rstd) if rms else (y, mean, rstd)
+    return out + (h,) if residual is not None else out
 
 
 def backward(
@@ -215,11 +240,19 @@ def rms_norm(
     *,
     weight_offset: float = 0.0,
     out_dtype: torch.dtype | None = None,
-) -> torch.Tensor:
+    quant: str | None = None,
+    **quant_options,
+):
     """``torch.nn.functional.rms_norm`` with cupyln's kernels: y = x * rstd * weight, rstd =
     1 / sqrt(mean(x^2) + eps) over the trailing ``normalized_shape``, in float32 (float64 for
-    float64 input); ``eps=None`` as torch; ``out_dtype`` as ``layer_norm``'s. CPU tensors go
-    to torch's own ``rms_norm``."""
+    float64 input); ``eps=None`` as torch; ``out_dtype`` as ``layer_norm``'s. ``quant``: y
+    quantized in the same pass, a ``cupyln.Quantized(data, scale)`` (forward only; the formats
+    and keywords of ``cupyln.rms_forward``; data flattened over ``normalized_shape``). CPU
+    tensors go to torch's own ``rms_norm``."""
+    if quant is not None or quant_options:
+        return quantized(input, None, weight, None, _rms_eps(eps, getattr(input, "dtype", None)),
+                         normalized_shape, rms=True, weight_offset=weight_offset, quant=quant,
+                         options=quant_options)[0]  # fmt: skip
     if isinstance(input, torch.Tensor) and input.device.type == "cpu":
         offset = _cpu_checks(input, normalized_shape, weight, None, None, weight_offset)
         w = weight if not offset else weight + offset
@@ -240,11 +273,20 @@ def add_rms_norm(
     residual_dtype: torch.dtype | None = None,
     weight_offset: float = 0.0,
     out_dtype: torch.dtype | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    quant: str | None = None,
+    **quant_options,
+) -> tuple:
     """``(y, h)``: h = input + residual, added in float32 and stored in ``residual_dtype``
     (default residual's dtype), and y = rms_norm(h) in input's dtype (or ``out_dtype``, of
-    its precision); one read of input and residual, one write of y and h. Gradients reach
-    input and residual (through both y and h)."""
+    its precision; or ``quant``'s, as ``rms_norm``'s); one read of input and residual, one
+    write of y and h. Gradients reach input and residual (through both y and h)."""
+    if quant is not None or quant_options:
+        q, _, _, h = quantized(input, residual, weight, None,
+                               _rms_eps(eps, getattr(input, "dtype", None)), normalized_shape,
+                               rms=True, residual_dtype=residual_dtype,
+                               weight_offset=weight_offset, quant=quant,
+                               options=quant_options)  # fmt: skip
+        return q, h
     if isinstance(input, torch.Tensor) and input.device.type == "cpu":
         offset = _cpu_checks(input, normalized_shape, weight, None, residual, weight_offset)
         h = _cpu_add(input, residual, residual_dtype)
@@ -277,9 +319,16 @@ def add_layer_norm(
     residual_dtype: torch.dtype | None = None,
     weight_offset: float = 0.0,
     out_dtype: torch.dtype | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    quant: str | None = None,
+    **quant_options,
+) -> tuple:
     """``(y, h)``: h = input + residual as in ``add_rms_norm``, y = layer_norm(h) in input's
-    dtype (or ``out_dtype``)."""
+    dtype (or ``out_dtype``, or ``quant``'s)."""
+    if quant is not None or quant_options:
+        q, _, _, h = quantized(input, residual, weight, bias, eps, normalized_shape, rms=False,
+                               residual_dtype=residual_dtype, weight_offset=weight_offset,
+                               quant=quant, options=quant_options)  # fmt: skip
+        return q, h
     if isinstance(input, torch.Tensor) and input.device.type == "cpu":
         offset = _cpu_checks(input, normalized_shape, weight, bias, residual, weight_offset)
         h = _cpu_add(input, residual, residual_dtype)

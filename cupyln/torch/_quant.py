@@ -1,0 +1,197 @@
+"""quant= in the torch bridge: the op ``torch.ops.cupyln.norm_fwd_q`` (every dense norm with y
+quantized in its pass, forward only) with its fake implementation, and ``quantized``, which the
+public functions call. Autograd never records it: a call on tensors that require grad, with
+grad enabled, is refused by name (``cupyln.torch.forward`` keeps the statistics for a user's
+own autograd.Function).
+
+Outputs in torch's dtypes: elements ``float8_e4m3fn`` / ``float8_e5m2`` (NVFP4:
+``float4_e2m1fn_x2``, two a byte), scales float32, ``float8_e8m0fnu`` (MXFP8) or
+``float8_e4m3fn`` (NVFP4); "fp8"'s scale is the caller's.
+"""
+
+import math
+
+import torch
+
+from .. import _checks, _formats, _launcher
+from .._dtypes import BYTES
+from .._formats import Quantized
+from .._problem import Problem
+from ._glue import (
+    _NP,
+    _acc,
+    _check,
+    _check_input,
+    _check_vector,
+    _on_device,
+    _ptr,
+    _row_stats,
+    _rows,
+    _stream,
+    _vector,
+)
+from ._ops import _TORCH, _scale, define, needs_grad
+
+_FP4 = getattr(torch, "float4_e2m1fn_x2", torch.uint8)
+_E8M0 = getattr(torch, "float8_e8m0fnu", torch.uint8)
+
+
+def _dtypes(s) -> tuple:
+    """(elements' torch dtype, scales' torch dtype or None) of a checked spec."""
+    if s.name == "nvfp4":
+        return _FP4, torch.float8_e4m3fn
+    data = torch.float8_e5m2 if s.dtype == _formats.E5M2 else torch.float8_e4m3fn
+    if s.name == "fp8":
+        return data, None
+    return data, _E8M0 if s.name == "mxfp8" else torch.float32
+
+
+def _spec(n: int, quant: str, block: int, pow2_scale: bool, scale_ub: float, scale_layout: str,
+          fp8_dtype: str):  # fmt: skip
+    return _formats.spec(quant, n, fp8_dtype=fp8_dtype, block=block or None,
+                         pow2_scale=pow2_scale, scale_ub=scale_ub or None,
+                         scale_layout=scale_layout)  # fmt: skip
+
+
+def _outputs(x, s, zeros: bool):
+    """(data, scale or an empty tensor) of x's rows quantized by ``s``, from torch's allocator."""
+    (dshape, _), sc = _formats.outputs(s, tuple(x.shape))
+    ddt, sdt = _dtypes(s)
+    data = torch.empty(dshape, dtype=torch.uint8, device=x.device).view(ddt)
+    if sc is None:
+        return data, x.new_empty(0, dtype=torch.float32)
+    make = torch.zeros if zeros else torch.empty
+    scale = make(sc[0], dtype=torch.uint8 if sc[1] == BYTES else torch.float32, device=x.device)
+    return data, scale.view(sdt) if sc[1] == BYTES else scale
+
+
+def _fwd_q_impl(x, residual, weight, bias, eps: float, rms: bool, residual_dtype,
+                weight_offset: float, quant: str, block: int, pow2_scale: bool, scale_ub: float,
+                scale_layout: str, fp8_dtype: str, given, given_value: float, amax):  # fmt: skip
+    """(data, scale, mean, rstd, h) of the norm of x (or of h = x + residual), y quantized."""
+    _check_input(x)
+    _check_vector(weight, "weight", x)
+    _check_vector(bias, "bias", x)
+    eps = _checks.eps(eps)
+    offset = _checks.weight_offset(weight_offset, weight is not None)
+    n = x.shape[-1]
+    s = _spec(n, quant, block, pow2_scale, scale_ub, scale_layout, fp8_dtype)
+    for t, name in ((given, "scale" if quant == "fp8" else "global_amax"), (amax, "amax")):
+        if t is not None:
+            _check(t, name, x)
+            if t.shape != () or t.dtype != torch.float32:
+                raise ValueError(f"{name} must be a 0-d float32 tensor; got {t.dtype} "
+                                 f"{tuple(t.shape)}")  # fmt: skip
+    hdt = None
+    if residual is not None:
+        _check(residual, "residual", x)
+        rdt = None if residual_dtype is None else _NP.get(residual_dtype, residual_dtype)
+        hdt = _checks.residual(tuple(residual.shape), _NP[residual.dtype], rdt, tuple(x.shape),
+                               _NP[x.dtype])  # fmt: skip
+    acc = _acc(x.dtype)
+    data, scale = _outputs(x, s, s.scale_layout == "cublas")
+    mean = x.new_empty(0, dtype=acc) if rms else _row_stats(x, acc)
+    rstd = _row_stats(x, acc)
+    h = x.new_empty(0) if hdt is None else torch.empty(x.shape, dtype=_TORCH[hdt], device=x.device)
+    m = x.numel() // n if n else 0
+    if amax is not None:
+        amax.zero_()
+    if m:
+        w = _scale(weight, offset, acc)
+        b = _vector(bias)
+        x2, stride = _rows(x)
+        r2, rs = _rows(residual) if residual is not None else (None, 0)
+        p = Problem(m, n, _NP[x.dtype], None if w is None else _NP[w.dtype],
+                    None if b is None else _NP[b.dtype], rms,
+                    None if r2 is None else (_NP[r2.dtype], hdt), x_stride=stride,
+                    r_stride=rs, y_dtype=BYTES, quant=s)  # fmt: skip
+        ptrs = (x2.data_ptr(), data.data_ptr(), _ptr(w), _ptr(b), 0 if rms else mean.data_ptr(),
+                rstd.data_ptr(), _ptr(r2), _ptr(h) if hdt is not None else 0)  # fmt: skip
+        value = s.scale_ub if s.name == "fp8_row" and s.scale_ub else given_value
+        q = (scale.data_ptr() if scale.numel() else 0, _ptr(given), _ptr(amax), value)
+        index = x.get_device()
+        _on_device(index, _launcher.launch_forward, p, ptrs, eps, _stream(index), q)
+    return data, scale, mean, rstd, h
+
+
+def _fwd_q_fake(x, residual, weight, bias, eps, rms, residual_dtype, weight_offset, quant,
+                block, pow2_scale, scale_ub, scale_layout, fp8_dtype, given, given_value,
+                amax):  # fmt: skip
+    s = _spec(x.shape[-1], quant, block, pow2_scale, scale_ub, scale_layout, fp8_dtype)
+    (dshape, _), sc = _formats.outputs(s, tuple(x.shape))
+    ddt, sdt = _dtypes(s)
+    acc = _acc(x.dtype)
+    data = x.new_empty(dshape, dtype=ddt)
+    scale = x.new_empty(0, dtype=torch.float32) if sc is None else x.new_empty(sc[0], dtype=sdt)
+    h = x.new_empty(0)
+    if residual is not None:
+        h = x.new_empty(x.shape, dtype=residual.dtype if residual_dtype is None else residual_dtype)
+    mean = x.new_empty(0 if rms else x.shape[:-1], dtype=acc)
+    return data, scale, mean, x.new_empty(x.shape[:-1], dtype=acc), h
+
+
+def _fwd_q_autograd(x, residual, weight, bias, *rest):
+    if needs_grad(x, residual, weight, bias):
+        raise ValueError("quant= is forward-only: autograd would record this call (inputs that "
+                         "require grad); run it under torch.no_grad(), or use "
+                         "cupyln.torch.forward, which returns the statistics for a backward "
+                         "of your own")  # fmt: skip
+    with torch._C._AutoDispatchBelowAutograd():
+        return _FWD_Q(x, residual, weight, bias, *rest)
+
+
+_FWD_Q = define(
+    "norm_fwd_q(Tensor x, Tensor? residual, Tensor? weight, Tensor? bias, float eps, bool rms, "
+    "ScalarType? residual_dtype, float weight_offset, str quant, int block, bool pow2_scale, "
+    "float scale_ub, str scale_layout, str fp8_dtype, Tensor? given, float given_value, "
+    "Tensor(a!)? amax) -> (Tensor, Tensor, Tensor, Tensor, Tensor)",
+    _fwd_q_impl, _fwd_q_fake, _fwd_q_autograd,
+)  # fmt: skip
+
+
+def _operand(value, name: str):
+    """(tensor or None, float) of a scalar operand: a 0-d float32 CUDA tensor, or a float."""
+    if value is None or isinstance(value, torch.Tensor):
+        return value, 0.0
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a float or a 0-d float32 tensor; got "
+                        f"{type(value).__name__}")  # fmt: skip
+    return None, _checks._finite(value, name)
+
+
+def quantized(x, residual, weight, bias, eps, normalized_shape, *, rms, residual_dtype=None,
+              weight_offset=0.0, quant, options) -> tuple:  # fmt: skip
+    """(Quantized(data, scale), mean, rstd, h) of a norm over the trailing ``normalized_shape``
+    (flattened to one width) with y quantized; ``options``: quant='s keywords."""
+    from ._glue import _shapes
+
+    if isinstance(x, torch.Tensor) and x.device.type == "cpu":
+        raise ValueError("quant= needs CUDA tensors (the kernels quantize); got input on the CPU")
+    _check(x, "input")
+    opts, ops = _formats.split_options(options)
+    shape = _shapes(x, normalized_shape, weight, bias, residual)
+    n = math.prod(shape)
+    s = _formats.spec(quant, n, **opts)
+    _formats.needed(s, ops)
+    given, value = _operand(ops.get("scale", ops.get("global_amax")), "scale" if quant == "fp8"
+                            else "global_amax")  # fmt: skip
+    amax = ops.get("amax")
+    if amax is not None and not isinstance(amax, torch.Tensor):
+        raise TypeError(f"amax must be a 0-d float32 tensor; got {type(amax).__name__}")
+    k = len(shape)
+    lead = x.shape[: x.dim() - k]
+    if k > 1:
+        x = x.reshape(*lead, n)
+        residual = None if residual is None else residual.reshape(x.shape)
+        weight = None if weight is None else weight.reshape(n)
+        bias = None if bias is None else bias.reshape(n)
+    data, scale, mean, rstd, h = _FWD_Q(
+        x, residual, weight, bias, eps, rms, residual_dtype, weight_offset, quant,
+        s.block if s.name == "fp8_block" else 0, s.pow2_scale, s.scale_ub or 0.0, s.scale_layout,
+        "e5m2" if s.dtype == _formats.E5M2 else "e4m3", given, value, amax,
+    )  # fmt: skip
+    if s.name == "fp8":
+        scale = ops["scale"]
+    if k > 1 and h.numel():
+        h = h.reshape(*lead, *shape)
+    return Quantized(data, scale), mean, rstd, h
