@@ -156,7 +156,7 @@ def _check_quantized(q, y64, s, what, given=None, global_amax=None):
             np.testing.assert_allclose(got_sc, want_sc, rtol=2e-6, err_msg=what + " scales")
             want = (pad / got_sc.astype(np.float64)[..., None]).reshape(m, -1)[:, :n]
     _within_a_code(data, _codes(want, s), 0x8 if s.name == "nvfp4" else 0x80, what)
-    assert ref_data.shape == y64.shape
+    assert ref_data.shape[:-1] == y64.shape[:-1]
 
 
 def _options(s):
@@ -256,10 +256,10 @@ def test_bad_quant_calls_raise_before_writing():
 
     import cupyln
 
-    x = ref.sample((4, 96), BF16, seed=9680)
-    w = ref.sample((96,), BF16, seed=9681)
+    x = ref.sample((4, 80), BF16, seed=9680)
+    w = ref.sample((80,), BF16, seed=9681)
     cases = [
-        (dict(quant="mxfp8"), ValueError, "multiple of 32; got N = 96"),
+        (dict(quant="mxfp8"), ValueError, "multiple of 32; got N = 80"),
         (dict(quant="fp8"), ValueError, "needs scale="),
         (dict(quant="fp8", scale="1"), TypeError, "scale must be a float"),
         (dict(quant="fp8", scale=cupy.ones(2, cupy.float32)), ValueError, "0-d float32"),
@@ -292,14 +292,14 @@ def test_torch_op_fake_shapes_and_the_refusal_under_autograd():
             ("fp8_row", "rows", (4, 5, 64), ((4, 5, 1), torch.float32)),
         ):
             got = op(x, None, w, None, 1e-6, True, None, 0.0, quant, 0, False, 0.0, layout,
-                     "e4m3", None, 1.0, None)  # fmt: skip
+                     "e4m3", None, 1.0, False)  # fmt: skip
             assert tuple(got[0].shape) == data_shape
             assert (tuple(got[1].shape), got[1].dtype) == scale
             assert got[2].numel() == 0 and got[3].shape == (4, 5)
     x = torch.ones(2, 64, requires_grad=True)
     with pytest.raises(ValueError, match="quant= is forward-only"):
         op(x, None, None, None, 1e-6, True, None, 0.0, "fp8_row", 0, False, 0.0, "rows", "e4m3",
-           None, 0.0, None)  # fmt: skip
+           None, 0.0, False)  # fmt: skip
     with pytest.raises(ValueError, match="quant= needs CUDA tensors"):
         cupyln.torch.rms_norm(torch.ones(2, 64), (64,), quant="mxfp8")
 

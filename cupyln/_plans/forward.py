@@ -279,8 +279,10 @@ def quant_plan(n, x_dtype, w_dtype, b_dtype, vec, items, *, rms=False, residual=
                      one_wave=False, max_cluster=1, rms=rms, residual=residual)  # fmt: skip
     pb = (quant.block or 0) // vec  # packs a block scale covers (0: no blocks)
     tpr = plan.tpr
-    # a block's packs within a warp, or whole rows' lanes (policy.cuh); fp4 elements in pairs
-    if (pb and not (pb <= 32 or pb % tpr == 0)) or (quant.name == "nvfp4" and vec % 2):
+    # a block's packs within a warp, whole rows' lanes, or whole warps of a block's row
+    # (policy.cuh); fp4 elements in pairs
+    warps = pb > 32 and tpr == plan.block and tpr % pb == 0 and tpr // pb <= 15  # named barriers
+    if (pb and not (pb <= 32 or pb % tpr == 0 or warps)) or (quant.name == "nvfp4" and vec % 2):
         raise ValueError(f"quant={quant.name!r} needs rows whose packs fill its blocks: x, "
                          f"the residual and N aligned to 16 bytes; got N = {n} in packs of "
                          f"{vec}")  # fmt: skip

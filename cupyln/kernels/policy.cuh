@@ -198,8 +198,12 @@ struct Store {
     // whole row (ROW), or each pack alone (fp8: the scale is the caller's)
     constexpr int L = ROW ? TPR : (PB <= TPR ? PB : TPR);
     constexpr int G = ROW ? ITEMS : (PB <= TPR ? 1 : PB / TPR);
-    static_assert(!BLOCKED || (PB <= TPR ? (PB <= 32 || PB == TPR) : PB % TPR == 0),
-                  "a block's lanes: inside a warp, or the row's");
+    // a block's lanes: inside a warp, the row's, or whole warps of a row of a block (L > 32,
+    // reduced through shared memory at a named barrier of their own)
+    static_assert(!BLOCKED || (PB <= TPR ? (PB <= 32 || PB == TPR ||
+                                            (PB % 32 == 0 && TPR == BLOCK && BLOCK % PB == 0 && BLOCK / PB <= 15))
+                                         : PB % TPR == 0),
+                  "a block's lanes");
     static_assert(QF != Q_NVFP4 || VEC % 2 == 0, "fp4 elements pair up in bytes");
     constexpr bool KEEP = G == 1;  // a slot's values kept between the max and the stores
     constexpr float TOP = E5 ? 57344.0f : 448.0f;
@@ -230,6 +234,8 @@ struct Store {
         }
         if constexpr (L == TPR) {
           amax = group_max<TPR, BLOCK>(amax, red + threadIdx.x / TPR * (TPR > 32 ? TPR / 32 : 0));
+        } else if constexpr (L > 32) {
+          amax = group_max<L, BLOCK>(amax, red + threadIdx.x / L * (L / 32));
         } else {
           unsigned mask = 0xffffffffu;
           if constexpr (TPR < 32) mask = ((1u << TPR) - 1u) << ((threadIdx.x & 31u) / TPR * TPR);

@@ -67,8 +67,10 @@ def _outputs(x, s, zeros: bool):
 
 def _fwd_q_impl(x, residual, weight, bias, eps: float, rms: bool, residual_dtype,
                 weight_offset: float, quant: str, block: int, pow2_scale: bool, scale_ub: float,
-                scale_layout: str, fp8_dtype: str, given, given_value: float, amax):  # fmt: skip
-    """(data, scale, mean, rstd, h) of the norm of x (or of h = x + residual), y quantized."""
+                scale_layout: str, fp8_dtype: str, given, given_value: float,
+                want_amax: bool):  # fmt: skip
+    """(data, scale, mean, rstd, h, amax) of the norm of x (or of h = x + residual), y
+    quantized; amax (0-d, "fp8" with ``want_amax``, else empty) is max|y|."""
     _check_input(x)
     _check_vector(weight, "weight", x)
     _check_vector(bias, "bias", x)
@@ -76,12 +78,12 @@ def _fwd_q_impl(x, residual, weight, bias, eps: float, rms: bool, residual_dtype
     offset = _checks.weight_offset(weight_offset, weight is not None)
     n = x.shape[-1]
     s = _spec(n, quant, block, pow2_scale, scale_ub, scale_layout, fp8_dtype)
-    for t, name in ((given, "scale" if quant == "fp8" else "global_amax"), (amax, "amax")):
-        if t is not None:
-            _check(t, name, x)
-            if t.shape != () or t.dtype != torch.float32:
-                raise ValueError(f"{name} must be a 0-d float32 tensor; got {t.dtype} "
-                                 f"{tuple(t.shape)}")  # fmt: skip
+    if given is not None:
+        name = "scale" if quant == "fp8" else "global_amax"
+        _check(given, name, x)
+        if given.shape != () or given.dtype != torch.float32:
+            raise ValueError(f"{name} must be a 0-d float32 tensor; got {given.dtype} "
+                             f"{tuple(given.shape)}")  # fmt: skip
     hdt = None
     if residual is not None:
         _check(residual, "residual", x)
@@ -94,8 +96,8 @@ def _fwd_q_impl(x, residual, weight, bias, eps: float, rms: bool, residual_dtype
     rstd = _row_stats(x, acc)
     h = x.new_empty(0) if hdt is None else torch.empty(x.shape, dtype=_TORCH[hdt], device=x.device)
     m = x.numel() // n if n else 0
-    if amax is not None:
-        amax.zero_()
+    want_amax = want_amax and s.name == "fp8"
+    amax = torch.zeros((), dtype=torch.float32, device=x.device) if want_amax else None
     if m:
         w = _scale(weight, offset, acc)
         b = _vector(bias)
@@ -111,12 +113,12 @@ def _fwd_q_impl(x, residual, weight, bias, eps: float, rms: bool, residual_dtype
         q = (scale.data_ptr() if scale.numel() else 0, _ptr(given), _ptr(amax), value)
         index = x.get_device()
         _on_device(index, _launcher.launch_forward, p, ptrs, eps, _stream(index), q)
-    return data, scale, mean, rstd, h
+    return data, scale, mean, rstd, h, x.new_empty(0, dtype=torch.float32) if amax is None else amax
 
 
 def _fwd_q_fake(x, residual, weight, bias, eps, rms, residual_dtype, weight_offset, quant,
                 block, pow2_scale, scale_ub, scale_layout, fp8_dtype, given, given_value,
-                amax):  # fmt: skip
+                want_amax):  # fmt: skip
     s = _spec(x.shape[-1], quant, block, pow2_scale, scale_ub, scale_layout, fp8_dtype)
     (dshape, _), sc = _formats.outputs(s, tuple(x.shape))
     ddt, sdt = _dtypes(s)
@@ -127,7 +129,8 @@ def _fwd_q_fake(x, residual, weight, bias, eps, rms, residual_dtype, weight_offs
     if residual is not None:
         h = x.new_empty(x.shape, dtype=residual.dtype if residual_dtype is None else residual_dtype)
     mean = x.new_empty(0 if rms else x.shape[:-1], dtype=acc)
-    return data, scale, mean, x.new_empty(x.shape[:-1], dtype=acc), h
+    amax = x.new_empty(() if want_amax and s.name == "fp8" else 0, dtype=torch.float32)
+    return data, scale, mean, x.new_empty(x.shape[:-1], dtype=acc), h, amax
 
 
 def _fwd_q_autograd(x, residual, weight, bias, *rest):
@@ -144,7 +147,7 @@ _FWD_Q = define(
     "norm_fwd_q(Tensor x, Tensor? residual, Tensor? weight, Tensor? bias, float eps, bool rms, "
     "ScalarType? residual_dtype, float weight_offset, str quant, int block, bool pow2_scale, "
     "float scale_ub, str scale_layout, str fp8_dtype, Tensor? given, float given_value, "
-    "Tensor(a!)? amax) -> (Tensor, Tensor, Tensor, Tensor, Tensor)",
+    "bool want_amax) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)",
     _fwd_q_impl, _fwd_q_fake, _fwd_q_autograd,
 )  # fmt: skip
 
@@ -176,8 +179,10 @@ def quantized(x, residual, weight, bias, eps, normalized_shape, *, rms, residual
     given, value = _operand(ops.get("scale", ops.get("global_amax")), "scale" if quant == "fp8"
                             else "global_amax")  # fmt: skip
     amax = ops.get("amax")
-    if amax is not None and not isinstance(amax, torch.Tensor):
-        raise TypeError(f"amax must be a 0-d float32 tensor; got {type(amax).__name__}")
+    if amax is not None and not (isinstance(amax, torch.Tensor) and amax.shape == ()
+                                 and amax.dtype == torch.float32):  # fmt: skip
+        raise TypeError(f"amax must be a 0-d float32 tensor; got {getattr(amax, 'dtype', '')} "
+                        f"{type(amax).__name__}")  # fmt: skip
     k = len(shape)
     lead = x.shape[: x.dim() - k]
     if k > 1:
@@ -185,11 +190,13 @@ def quantized(x, residual, weight, bias, eps, normalized_shape, *, rms, residual
         residual = None if residual is None else residual.reshape(x.shape)
         weight = None if weight is None else weight.reshape(n)
         bias = None if bias is None else bias.reshape(n)
-    data, scale, mean, rstd, h = _FWD_Q(
+    data, scale, mean, rstd, h, got = _FWD_Q(
         x, residual, weight, bias, eps, rms, residual_dtype, weight_offset, quant,
         s.block if s.name == "fp8_block" else 0, s.pow2_scale, s.scale_ub or 0.0, s.scale_layout,
-        "e5m2" if s.dtype == _formats.E5M2 else "e4m3", given, value, amax,
+        "e5m2" if s.dtype == _formats.E5M2 else "e4m3", given, value, amax is not None,
     )  # fmt: skip
+    if amax is not None:  # an output of the op, not a mutation: torch.compile keeps it simple
+        amax.copy_(got)
     if s.name == "fp8":
         scale = ops["scale"]
     if k > 1 and h.numel():
