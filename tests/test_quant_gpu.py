@@ -102,11 +102,19 @@ def _unpack(data, s):
     return out
 
 
-def _within_a_code(got, want, bit, what):
-    """Codes of sign bit ``bit`` within one of each other, and nearly all equal."""
+def _within_a_code(got, want, bit, what, near=None):
+    """Codes of sign bit ``bit`` within one of each other (or, where ``near`` says so, close in
+    value), and nearly all equal."""
     d = np.abs(_signed(got, bit) - _signed(want, bit))
-    assert d.max() <= 1, (what, int(d.max()), np.argwhere(d > 1)[:5])
+    far = d > 1 if near is None else (d > 1) & ~near
+    assert not far.any(), (what, int(d[far].max()), np.argwhere(far)[:5])
     assert (d == 0).mean() >= 0.99, (what, float((d == 0).mean()))
+
+
+def _values(codes, s):
+    """The kernel's element codes as float64 values."""
+    dtype = ml_dtypes.float4_e2m1fn if s.name == "nvfp4" else s.dtype
+    return codes.view(dtype).astype(np.float64)
 
 
 def _rows_scales(sc, s, m, n):
@@ -155,7 +163,10 @@ def _check_quantized(q, y64, s, what, given=None, global_amax=None):
         else:
             np.testing.assert_allclose(got_sc, want_sc, rtol=2e-6, err_msg=what + " scales")
             want = (pad / got_sc.astype(np.float64)[..., None]).reshape(m, -1)[:, :n]
-    _within_a_code(data, _codes(want, s), 0x8 if s.name == "nvfp4" else 0x80, what)
+    # y's float32 arithmetic (a few ulp of its terms, ~1e-6 of max|y|) in the scaled domain: e5m2
+    # resolves 2^-16 near 0, so an element that cancels to near 0 may lie codes apart
+    near = np.abs(_values(data, s) - np.clip(want, -s.max, s.max)) <= 1e-6 * np.abs(want).max()
+    _within_a_code(data, _codes(want, s), 0x8 if s.name == "nvfp4" else 0x80, what, near)
     assert ref_data.shape[:-1] == y64.shape[:-1]
 
 

@@ -243,7 +243,7 @@ struct Store {
           for (int o = L / 2; o > 0; o /= 2) amax = fmaxf(amax, shfl_xor(mask, amax, o));
         }
       }
-      // the scale, stored by the block's first lane; y is multiplied by mul, then divided by div
+      // the scale, stored by the block's first lane; y is multiplied by mul / div
       float mul = 1.0f, div = 1.0f;
       const int first = g * G;
       const bool writes = lane % L == 0 && first < ITEMS && held(first);
@@ -270,6 +270,7 @@ struct Store {
         div = sv > 0.0f ? sv : 1.0f;
       }
       const bool zero = QF == Q_NVFP4 && mul == 0.0f;
+      const float factor = mul / div;  // y times one rounded factor, not divided per element
 #pragma unroll
       for (int j = 0; j < G; ++j) {
         const int i = g * G + j;
@@ -287,7 +288,7 @@ struct Store {
           for (int e = 0; e < VEC; ++e) {
             const float yv = static_cast<float>(o[e]);
             if constexpr (QF == Q_FP8) seen = fmaxf(seen, fabsf(yv));
-            f[e] = zero ? 0.0f : (yv * mul) / div;
+            f[e] = zero ? 0.0f : yv * factor;
           }
           if constexpr (QF == Q_NVFP4) {
             Pack<unsigned char, VEC / 2> pk;
@@ -296,8 +297,17 @@ struct Store {
             *reinterpret_cast<Pack<unsigned char, VEC / 2>*>(y + row * (N / 2) + col / 2) = pk;
           } else {
             Pack<unsigned char, VEC> pk;
+            if constexpr (VEC % 2 == 0) {
 #pragma unroll
-            for (int e = 0; e < VEC; ++e) pk.v[e] = fp8(f[e]);
+              for (int e = 0; e < VEC; e += 2) {
+                const unsigned short two = to_fp8x2<E5>(f[e], f[e + 1]);
+                pk.v[e] = static_cast<unsigned char>(two & 0xffu);
+                pk.v[e + 1] = static_cast<unsigned char>(two >> 8);
+              }
+            } else {
+#pragma unroll
+              for (int e = 0; e < VEC; ++e) pk.v[e] = fp8(f[e]);
+            }
             *reinterpret_cast<Pack<unsigned char, VEC>*>(y + row * N + col) = pk;
           }
         }

@@ -11,9 +11,8 @@
 //   * from_e4m3: an e4m3 scale's value (NVFP4's block scales); pow2_at_least: a scale rounded up
 //     to a power of two.
 //
-// The fp8 bytes are formed on the bits of the float: sm_89 and newer have a conversion
-// instruction for the same rounding, which a Store can use in their place; these are exact on
-// every architecture from sm_80 on. Arithmetic before them is the caller's (y / s or y * 1/s).
+// The fp8 bytes are formed on the bits of the float, exact on every architecture from sm_80 on;
+// to_fp8x2 converts a pair with sm_89's instruction for the same rounding where it exists. Arithmetic before them is the caller's (y / s or y * 1/s).
 #pragma once
 
 namespace cupyln {
@@ -50,6 +49,27 @@ __device__ __forceinline__ unsigned char to_e4m3(const float f) {
 }
 __device__ __forceinline__ unsigned char to_e5m2(const float f) {
   return to_fp8<2, 15, 0x47600000u, 0x7bu>(f);
+}
+
+// Two fp8 bytes, lo's in the low byte: sm_89 and newer convert a pair in one instruction
+// (cvt.rn.satfinite: nearest even, saturating, as to_fp8); older GPUs take to_fp8 twice.
+template <bool E5M2>
+__device__ __forceinline__ unsigned short to_fp8x2(const float lo, const float hi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  unsigned short r;
+  if constexpr (E5M2) {
+    asm("cvt.rn.satfinite.e5m2x2.f32 %0, %2, %1;" : "=h"(r) : "f"(lo), "f"(hi));
+  } else {
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %2, %1;" : "=h"(r) : "f"(lo), "f"(hi));
+  }
+  return r;
+#else
+  if constexpr (E5M2) {
+    return to_fp8<2, 15, 0x47600000u, 0x7bu>(lo) | (to_fp8<2, 15, 0x47600000u, 0x7bu>(hi) << 8);
+  } else {
+    return to_fp8<3, 7, 0x43e00000u, 0x7eu>(lo) | (to_fp8<3, 7, 0x43e00000u, 0x7eu>(hi) << 8);
+  }
+#endif
 }
 
 // e2m1: bias 1, 1 mantissa bit, normal from 1, subnormal step 0.5; NaN gives 0 (none in e2m1).
