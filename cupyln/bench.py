@@ -215,6 +215,75 @@ def run(
     return copy, rows
 
 
+# ------------------------------------------------------------------ quantized output
+#: quant='s operands the sweep passes (the formats that need one)
+QUANT_OPERANDS = {"fp8": {"scale": 0.01}, "nvfp4": {"global_amax": 8.0}}
+
+
+def quant_bytes(norm: str, m: int, n: int, dtype, quant: str) -> int:
+    """Bytes of a forward whose y is quantized: x (and the residual) read, h written, the
+    elements and scales written (the statistics, M values, left out as the sweep's are)."""
+    from . import _formats
+
+    s = _formats.spec(quant, n)
+    (dshape, _), sc = _formats.outputs(s, (m, n))
+    x_bytes = m * n * dtype.itemsize
+    nbytes = x_bytes * (3 if norm.startswith("add") else 1)  # x, or x, residual and h
+    nbytes += int(numpy.prod(dshape))
+    if sc is not None:
+        nbytes += int(numpy.prod(sc[0])) * numpy.dtype(sc[1]).itemsize
+    return nbytes
+
+
+def _norm_call(norm: str, m: int, n: int, dtype):
+    """The CuPy API's forward of ``norm`` on fresh rows of M x N, taking keywords."""
+    x, w, b, _ = _inputs(m, n, dtype)
+    r = ref.sample(x.shape, dtype, loc=0.3, scale=1.0, seed=n + 4)
+    return {
+        "ln": lambda **k: _api.forward(x, w, b, **k),
+        "rms": lambda **k: _api.rms_forward(x, w, **k),
+        "add_rms": lambda **k: _api.rms_forward(x, w, residual=r, **k),
+        "add_ln": lambda **k: _api.forward(x, w, b, residual=r, **k),
+    }[norm]
+
+
+def run_quant(quant: str, dtype="bfloat16", elements: int = 2**27, ns=DEFAULT_NS, norm="rms",
+              progress: Callable[[Row], None] | None = None):  # fmt: skip
+    """The forward with y quantized (``quant``) against the same norm's plain forward, at M =
+    elements // N: (copy GB/s, [Row]), the quantized rows' provider "cupyln QUANT"."""
+    import cupy
+
+    if norm not in NORMS:
+        raise ValueError(f"norm: one of {tuple(NORMS)}, got {norm!r}")
+    dtype = numpy.dtype(dtype)
+    copy = copy_bandwidth()
+    rows = []
+    ops = QUANT_OPERANDS.get(quant, {})
+    from . import _formats
+
+    for n in ns:
+        try:
+            _formats.spec(quant, n)
+        except ValueError:  # a width the format does not take (N % 32, N % 16)
+            continue
+        m = max(1, elements // n)
+        call = _norm_call(norm, m, n, dtype)
+        plain_bytes = NORMS[norm][0] * m * n * dtype.itemsize
+        for name, kw, nbytes in (
+            ("cupyln", {}, plain_bytes),
+            (f"cupyln {quant}", dict(quant=quant, **ops), quant_bytes(norm, m, n, dtype, quant)),
+        ):
+            ms = time_ms(lambda kw=kw, call=call: call(**kw))
+            g = _gbs(nbytes, ms)
+            row = Row(name, dtype.name, m, n, ms, None, g, None, g / copy, None)
+            rows.append(row)
+            if progress is not None:
+                progress(row)
+        call = None  # the rows' arrays back to the pool
+        cupy.get_default_memory_pool().free_all_blocks()
+    return copy, rows
+
+
 # ------------------------------------------------------------------ jagged
 JAGGED_SWEEP = tuple((b, d) for b in (32, 256, 2048, 16384) for d in (32, 256))
 

@@ -142,6 +142,49 @@ FAMILY_CASES = (
 )
 
 
+QUANT_CASES = (  # (format, its options, operands): RMSNorm, then add+LayerNorm, quantized
+    ("fp8", {}, {"scale": 0.01}),
+    ("fp8_row", {}, {}),
+    ("fp8_block", {"block": 64, "pow2_scale": True}, {}),
+    ("mxfp8", {"scale_layout": "cublas"}, {}),
+    ("nvfp4", {}, {"global_amax": 8.0}),
+)
+
+
+def _check_quant(quant, opts, ops) -> bool:
+    """y quantized in the norm's pass, dequantized, against the float64 y: the largest error
+    within twice the reference quantization's own (a code apart where y's float32 rounding
+    and the float64 reference's straddle a rounding boundary)."""
+    import cupyln
+    from cupyln import reference as ref
+
+    ok = True
+    for label, shape, dtype in (("RMSNorm", (500, 4096), "bfloat16"),
+                                ("add+LayerNorm", (300, 8192), "float16")):  # fmt: skip
+        n = shape[-1]
+        x = ref.sample(shape, dtype, seed=11)
+        w = ref.sample((n,), dtype, loc=1.0, scale=0.3, seed=12)
+        b = ref.sample((n,), dtype, loc=0.0, scale=0.3, seed=13)
+        if label == "RMSNorm":
+            q = cupyln.rms_forward(x, w, quant=quant, **opts, **ops)[0]
+            y = ref.rms_forward(x, w)[0]
+        else:
+            r = ref.sample(shape, dtype, loc=0.3, scale=1.0, seed=14)
+            q, _, _, h = cupyln.forward(x, w, b, residual=r, quant=quant, **opts, **ops)
+            y = ref.forward(h, w, b)[0]
+        y = y.get()
+        amax = ops.get("global_amax")
+        got = ref.dequantize(q.data, q.scale, quant, n, global_amax=amax, **opts)
+        data, scale = ref.quantize(y, quant, **opts, **ops)
+        want = ref.dequantize(data, ops.get("scale", scale), quant, n, global_amax=amax, **opts)
+        err, bound = abs(got - y).max(), 2 * abs(want - y).max() + 1e-6 * abs(y).max()
+        good = bool(err <= bound)
+        ok &= good
+        print(f"  {'ok ' if good else 'BAD'} {quant:9s} {label:13s} {dtype:8s} {shape}: "
+              f"{err:.3g} (reference {abs(want - y).max():.3g})")  # fmt: skip
+    return ok
+
+
 def _check_family(label, shape, kind, xdt, hdt) -> bool:
     """One family case, forward and backward (with dh), against the float64 reference at
     the saved statistics."""
@@ -207,6 +250,9 @@ def cmd_check(_args) -> int:
         ok &= _check_case(*case)
     for case in FAMILY_CASES:
         ok &= _check_family(*case)
+    print("quantized y (quant=), max |dequantized - y|:")
+    for case in QUANT_CASES:
+        ok &= _check_quant(*case)
     print("check passed" if ok else "check FAILED")
     return 0 if ok else 1
 
@@ -238,6 +284,16 @@ def cmd_bench(args) -> int:
                   f"{ms:.2f} ms")  # fmt: skip
         return 0
     ns = tuple(int(v) for v in args.n.split(",")) if args.n else bench.DEFAULT_NS
+    if args.quant:
+
+        def line(r):
+            print(f"{r.provider:16s} {r.dtype:9s} M={r.M:<8d} N={r.N:<6d} fwd "
+                  f"{r.fwd_GBs:6.0f} GB/s ({r.fwd_of_copy:4.0%})", flush=True)  # fmt: skip
+
+        copy, rows = bench.run_quant(args.quant, args.dtype, 2**args.log2_elements, ns,
+                                     args.norm, line)  # fmt: skip
+        print(f"device-to-device copy: {copy:.0f} GB/s (read + write)")
+        return _save(args, bench, copy, rows)
     if args.emulate:
         from cupyln import _control
 
@@ -267,6 +323,11 @@ def cmd_bench(args) -> int:
         copy, rows = bench.run(args.dtype, 2**args.log2_elements, ns, not args.no_torch, step,
                                args.compile, directions, args.norm)  # fmt: skip
     print(f"device-to-device copy: {copy:.0f} GB/s (read + write)")
+    return _save(args, bench, copy, rows)
+
+
+def _save(args, bench, copy, rows) -> int:
+    """The sweep's rows to the files ``--csv``, ``--json`` and ``--plot`` name."""
     if args.csv:
         with open(args.csv, "w", newline="") as f:
             wr = csv.DictWriter(f, fieldnames=list(bench.as_dicts(rows)[0]))
@@ -365,6 +426,11 @@ def main(argv=None) -> int:
         default="ln",
         choices=("ln", "rms", "add_rms", "add_ln"),
         help="LayerNorm (default), RMSNorm, or the residual add in front of either",
+    )
+    b.add_argument(
+        "--quant",
+        choices=("fp8", "fp8_row", "fp8_block", "mxfp8", "nvfp4"),
+        help="the forward with y quantized in this format, against the plain forward",
     )
     b.add_argument("--compile", action="store_true", help="add torch.compile (slow to compile)")
     b.add_argument("--overhead", action="store_true", help="CPU time per call, tiny arrays")

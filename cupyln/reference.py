@@ -337,3 +337,54 @@ def _layout(scales, shape, s):
     r, c = numpy.indices((m, blocks))
     out.reshape(-1)[F.cublas_offset(r, c, blocks)] = scales
     return out
+
+
+def dequantize(data, scale, quant, n: int, *, global_amax=None, **options):
+    """float64 values of a quantized y of rows of ``n`` (NumPy, CuPy or torch arrays, in the
+    dtypes cupyln returns or as their bytes): elements times their scales ("nvfp4": divided
+    by S = 448 * 6 / ``global_amax``); ``options``: ``spec``'s keywords of the call."""
+    from . import _formats as F
+
+    s = F.spec(quant, n, **options)
+    codes = _host(data).view(numpy.uint8)
+    if s.name == "nvfp4":
+        pairs = numpy.empty((*codes.shape[:-1], n), numpy.uint8)
+        pairs[..., 0::2], pairs[..., 1::2] = codes & 0xF, codes >> 4
+        values = pairs.view(F.E2M1).astype(numpy.float64)
+    else:
+        values = codes.view(s.dtype).astype(numpy.float64)
+    rows = values.reshape(-1, n)
+    m = len(rows)
+    if s.name == "fp8":
+        given = scale if isinstance(scale, (int, float)) else _host(scale)
+        return values * float(numpy.float32(given))
+    sc = _host(scale)
+    nb = s.blocks(n)
+    if s.scale_layout == "cublas":
+        r, c = numpy.indices((m, nb))
+        sc = sc.reshape(-1)[F.cublas_offset(r, c, nb)]
+    sc = sc.reshape(m, nb)
+    if s.name == "mxfp8":
+        sv = numpy.ldexp(1.0, sc.view(numpy.uint8).astype(numpy.int32) - F.E8M0_BIAS)
+    elif s.name == "nvfp4":
+        g = numpy.float32(global_amax)
+        big = float(numpy.float32(448.0 * 6.0) / g) if g else 1.0
+        sv = sc.view(numpy.uint8).view(F.E4M3).astype(numpy.float64) / big
+    else:
+        sv = sc.astype(numpy.float64)
+    width = s.block or n
+    blocked = numpy.pad(rows, ((0, 0), (0, -n % width))).reshape(m, -1, width)
+    out = (blocked * sv[..., None]).reshape(m, -1)[:, :n]
+    return out.reshape(values.shape)
+
+
+def _host(a):
+    """A NumPy array of ``a``'s values (float32) or bytes (its 1-byte dtypes), on the host."""
+    if hasattr(a, "detach"):  # torch
+        a = a.detach().cpu()
+        if a.element_size() == 1:
+            import torch
+
+            a = a.view(torch.uint8)
+        return a.numpy()
+    return numpy.asarray(a.get() if _xp(a) is not numpy else a)

@@ -159,3 +159,28 @@ def test_round_trip_within_a_step():
     back = vals * np.repeat(scale.astype(np.float64), 16, axis=1) / float(big)
     block_amax = np.repeat(np.abs(y).reshape(64, -1, 16).max(axis=2), 16, axis=1)
     assert np.all(np.abs(back - y) <= 0.19 * block_amax)  # half e2m1's top step (1 of 6)
+
+
+def test_dequantize_inverts_each_format_within_its_step():
+    """reference.dequantize of reference.quantize: each format's values back within its
+    rounding (e4m3 3 mantissa bits, e5m2 2, e2m1 1, relative to the block's largest), either
+    scale layout alike."""
+    y = np.random.default_rng(3).standard_normal((130, 256)) * 3
+    for quant, opts, ops, bound in (
+        ("fp8", {}, {"scale": 0.03}, 2.0**-4),
+        ("fp8_row", {"scale_ub": 5.0}, {}, None),
+        ("fp8_block", {"block": 64, "pow2_scale": True}, {}, 2.0**-4),
+        ("mxfp8", {}, {}, 2.0**-4),
+        ("mxfp8", {"fp8_dtype": "e5m2", "scale_layout": "cublas"}, {}, 2.0**-3),
+        ("nvfp4", {"scale_layout": "cublas"}, {"global_amax": 12.0}, 0.25),
+    ):
+        data, scale = ref.quantize(y, quant, **opts, **ops)
+        back = ref.dequantize(data, ops.get("scale", scale), quant, 256,
+                              global_amax=ops.get("global_amax"), **opts)  # fmt: skip
+        assert back.shape == y.shape
+        if bound is None:  # scale_ub: rows past it saturate at 448 * 5 / 448
+            small = np.abs(y) < 4
+            assert np.abs(back).max() <= 5.0 * (1 + 1e-6)
+            assert np.allclose(back[small], y[small], rtol=2.0**-4, atol=1e-3)
+            continue
+        assert np.abs(back - y).max() <= bound * np.abs(y).max(), quant
