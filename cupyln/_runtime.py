@@ -142,3 +142,20 @@ def to_host(ptr: int, dtype, count: int, stream: int):
     rt.memcpyAsync(out.ctypes.data, ptr, out.nbytes, rt.memcpyDeviceToHost, stream)
     rt.streamSynchronize(stream)
     return out
+
+
+def device_of(ptr: int) -> int:
+    """The device that holds the memory at ``ptr``."""
+    return cupy().cuda.runtime.pointerGetAttributes(ptr).device
+
+
+def aligned_copy(ptr: int, nbytes: int, keep: list) -> int:
+    """``ptr``, or a 64-byte-aligned copy of its ``nbytes`` made on the current stream (its
+    memory appended to ``keep``, which holds it until the launches are enqueued)."""
+    if ptr % 64 == 0:
+        return ptr
+    cp = cupy()
+    mem = cp.cuda.alloc(nbytes)
+    cp.cuda.runtime.memcpyAsync(mem.ptr, ptr, nbytes, 3, cp.cuda.get_current_stream().ptr)
+    keep.append(mem)
+    return mem.ptr

@@ -62,24 +62,6 @@ def _ptr(buf) -> int:
         ) from err
 
 
-def _device_of(ptr: int) -> int:
-    import cupy
-
-    return cupy.cuda.runtime.pointerGetAttributes(ptr).device
-
-
-def _aligned(ptr: int, nbytes: int, keep: list) -> int:
-    """``ptr``, or a 64-byte-aligned copy of its ``nbytes`` made on the current stream."""
-    if ptr % 64 == 0:
-        return ptr
-    import cupy
-
-    mem = cupy.cuda.alloc(nbytes)
-    cupy.cuda.runtime.memcpyAsync(mem.ptr, ptr, nbytes, 3, cupy.cuda.get_current_stream().ptr)
-    keep.append(mem)
-    return mem.ptr
-
-
 def _dtype(a) -> numpy.dtype:
     return numpy.dtype(a.dtype)
 
@@ -220,8 +202,8 @@ def _on_platform(platform, x2, r2, w, b, eps, rms, h_dtype, y_dtype):
 
 
 def layer_norm(x: jax.Array, weight: jax.Array | None = None, bias: jax.Array | None = None,
-               eps: float = 1e-5, *, weight_offset: float = 0.0,
-               out_dtype=None) -> jax.Array:  # fmt: skip
+               eps: float = 1e-5, *, weight_offset: float = 0.0, out_dtype=None, quant=None,
+               **quant_options) -> jax.Array:  # fmt: skip
     """LayerNorm over the last dimension of ``x`` with cupyln's kernels (differentiable).
 
     Args:
@@ -232,10 +214,16 @@ def layer_norm(x: jax.Array, weight: jax.Array | None = None, bias: jax.Array | 
         weight_offset: the scale is weight + weight_offset; dw is unchanged by it.
         out_dtype: y's dtype, of x's precision (default x's): float32 in, bfloat16 out.
 
+        quant: y quantized in the same pass (forward only), as ``rms_norm``'s.
+
     Returns:
-        y of x's shape and dtype (or ``out_dtype``). Gradients (``jax.grad``, ``jax.vjp``)
-        come from cupyln's backward: dw/db in the weight's/bias's dtype, deterministic.
+        y of x's shape and dtype (or ``out_dtype``; with ``quant`` a ``cupyln.Quantized``).
+        Gradients (``jax.grad``, ``jax.vjp``) come from cupyln's backward: dw/db in the
+        weight's/bias's dtype, deterministic.
     """
+    if quant is not None or quant_options:
+        return _apply_quant(x, None, weight, bias, eps, rms=False, weight_offset=weight_offset,
+                            out_dtype=out_dtype, quant=quant, options=quant_options)[0]  # fmt: skip
     return _apply(x, None, weight, bias, eps, rms=False, weight_offset=weight_offset,
                   out_dtype=out_dtype)[0]  # fmt: skip
 
@@ -264,11 +252,12 @@ def _forward_call(m, n, x_dtype, r_dtype, h_dtype, w_dtype, b_dtype, eps, rms, y
         w = rest.pop(0) if w_dtype is not None else None
         b = rest.pop(0) if b_dtype is not None else None
         x_ptr = _ptr(x)
-        dev = _device_of(x_ptr)
+        dev = _runtime.device_of(x_ptr)
         keep: list = []
+        aligned = _runtime.aligned_copy
         with _runtime.OnDevice(dev), _runtime.external_stream(dev, ctx.stream):
-            w_ptr = 0 if w is None else _aligned(_ptr(w), n * w_dtype.itemsize, keep)
-            b_ptr = 0 if b is None else _aligned(_ptr(b), n * b_dtype.itemsize, keep)
+            w_ptr = 0 if w is None else aligned(_ptr(w), n * w_dtype.itemsize, keep)
+            b_ptr = 0 if b is None else aligned(_ptr(b), n * b_dtype.itemsize, keep)
             ptrs = (x_ptr, _ptr(y), w_ptr, b_ptr, 0 if rms else _ptr(mean), _ptr(rstd),
                     0 if r is None else _ptr(r), 0 if r is None else _ptr(h))  # fmt: skip
             _launcher.launch_forward(dev, p, ptrs, eps, ctx.stream)
@@ -295,10 +284,11 @@ def _backward_call(m, n, h_dtype, w_dtype, db_dtype, rms, has_dh):
         dh = rest.pop(0) if has_dh else None
         w = rest.pop(0) if w_dtype is not None else None
         h_ptr = _ptr(h)
-        dev = _device_of(h_ptr)
+        dev = _runtime.device_of(h_ptr)
         keep: list = []
+        aligned = _runtime.aligned_copy
         with _runtime.OnDevice(dev), _runtime.external_stream(dev, ctx.stream):
-            w_ptr = 0 if w is None else _aligned(_ptr(w), n * wdt.itemsize, keep)
+            w_ptr = 0 if w is None else aligned(_ptr(w), n * wdt.itemsize, keep)
             ptrs = (_ptr(dy), h_ptr, w_ptr, 0 if rms else _ptr(mean), _ptr(rstd), _ptr(dx),
                     0 if w is None else _ptr(dw), 0 if rms else _ptr(db),
                     0 if dh is None else _ptr(dh))  # fmt: skip
@@ -411,29 +401,116 @@ def _apply(x, residual, weight, bias, eps, *, rms, residual_dtype=None, weight_o
     return y.reshape(x.shape), None if residual is None else h.reshape(x.shape)
 
 
+def _apply_quant(x, residual, weight, bias, eps, *, rms, residual_dtype=None,
+                 weight_offset=0.0, out_dtype=None, quant, options):  # fmt: skip
+    """(Quantized(elements, scales), h) of a family member with y quantized (forward only):
+    the kernels on a GPU, JAX's ops on the CPU (_jax_quant)."""
+    from . import _formats
+    from . import _jax_quant as Q
+
+    x = _check(x, "x")
+    n = _checks.width(x.shape, "x")
+    weight = _check(weight, "weight", n)
+    bias = _check(bias, "bias", n)
+    eps = _checks.eps(eps)
+    offset = _checks.weight_offset(weight_offset, weight is not None)
+    if out_dtype is not None:
+        raise ValueError(f"out_dtype does not apply with quant={quant!r}: the format is y's type")
+    opts, ops = _formats.split_options(options)
+    s = _formats.spec(quant, n, **opts)
+    _formats.needed(s, ops)
+    if ops.get("amax") is not None:
+        raise ValueError("amax= is CuPy's and torch's (an array written in place); JAX arrays "
+                         "are immutable: take max|y| from the plain norm")  # fmt: skip
+    given = ops.get("scale", ops.get("global_amax"))
+    if given is not None and not isinstance(given, (int, float)):
+        given = _check(given, "scale" if quant == "fp8" else "global_amax")
+        if given.shape != () or _dtype(given) != numpy.float32:
+            raise ValueError(f"scale and global_amax must be floats or 0-d float32 arrays; got "
+                             f"{given.dtype} {given.shape}")  # fmt: skip
+    elif given is not None:
+        given = _checks._finite(given, "scale" if quant == "fp8" else "global_amax")
+    h_dtype = None
+    if residual is not None:
+        residual = _check(residual, "residual")
+        h_dtype = _checks.residual(residual.shape, _dtype(residual), residual_dtype, x.shape,
+                                   _dtype(x))  # fmt: skip
+    elif residual_dtype is not None:
+        raise ValueError("residual_dtype needs a residual; got residual=None")
+    acc = acc_dtype(_dtype(x))
+    if offset:
+        weight = weight.astype(acc) + offset
+    platform = _check_devices(((x, "x"), (residual, "residual"), (weight, "weight"),
+                               (bias, "bias")))  # fmt: skip
+    lead = x.shape[:-1]
+    m = math.prod(lead)
+    r2 = None if residual is None else residual.reshape(m, n)
+
+    def ops_path(x2, r2, w, b, given):
+        v, h = _norm_on_cpu(x2, r2, w, b, eps, rms, h_dtype, acc)
+        data, scale = Q.quantize_ops(v, s, given)
+        return data, Q.layout(scale, s, m), h
+
+    def kernels(x2, r2, w, b, given):
+        return Q.quantize_kernels(x2, r2, w, b, eps, rms, h_dtype, s, given)
+
+    if m == 0:  # nothing to launch: JAX's ops on any platform
+        fn = ops_path
+    elif platform == "gpu" or _KERNELS_ON_CPU:
+        fn = kernels
+    elif platform == "cpu":
+        fn = ops_path
+    else:
+
+        def fn(*a):
+            return jax.lax.platform_dependent(*a, cpu=ops_path, default=kernels)
+
+    data, scale, h = Q.forward_only(fn, x.reshape(m, n), r2, weight, bias, given)
+    data = data.reshape(*lead, data.shape[-1])
+    if scale is None:
+        scale = ops["scale"]
+    elif s.scale_layout == "rows":
+        scale = scale.reshape(*lead, scale.shape[-1])
+    return _formats.Quantized(data, scale), None if residual is None else h.reshape(x.shape)
+
+
 def rms_norm(x: jax.Array, weight: jax.Array | None = None, eps: float = 1e-6, *,
-             weight_offset: float = 0.0, out_dtype=None) -> jax.Array:  # fmt: skip
+             weight_offset: float = 0.0, out_dtype=None, quant=None,
+             **quant_options) -> jax.Array:  # fmt: skip
     """RMSNorm over the last dimension of ``x`` (y = x * rstd * (weight + weight_offset), rstd =
-    1 / sqrt(mean(x^2) + eps) in float32), differentiable, as ``layer_norm``."""
+    1 / sqrt(mean(x^2) + eps) in float32), differentiable, as ``layer_norm``. ``quant``: y
+    quantized in the same pass, a ``cupyln.Quantized(data, scale)`` (forward only; the formats
+    and keywords of ``cupyln.rms_forward``, but ``amax=``)."""
+    if quant is not None or quant_options:
+        return _apply_quant(x, None, weight, None, eps, rms=True, weight_offset=weight_offset,
+                            out_dtype=out_dtype, quant=quant, options=quant_options)[0]  # fmt: skip
     return _apply(x, None, weight, None, eps, rms=True, weight_offset=weight_offset,
                   out_dtype=out_dtype)[0]  # fmt: skip
 
 
 def add_rms_norm(x: jax.Array, residual: jax.Array, weight: jax.Array | None = None,
                  eps: float = 1e-6, *, residual_dtype=None, weight_offset: float = 0.0,
-                 out_dtype=None) -> tuple[jax.Array, jax.Array]:  # fmt: skip
+                 out_dtype=None, quant=None, **quant_options) -> tuple:  # fmt: skip
     """``(y, h)``: h = x + residual (added in float32, stored in ``residual_dtype``, default
-    residual's dtype), y = rms_norm(h) in x's dtype (or ``out_dtype``); differentiable in x,
-    residual, weight."""
+    residual's dtype), y = rms_norm(h) in x's dtype (or ``out_dtype``, or ``quant``'s, as
+    ``rms_norm``'s); differentiable in x, residual, weight."""
+    if quant is not None or quant_options:
+        return _apply_quant(x, residual, weight, None, eps, rms=True,
+                            residual_dtype=residual_dtype, weight_offset=weight_offset,
+                            out_dtype=out_dtype, quant=quant, options=quant_options)  # fmt: skip
     return _apply(x, residual, weight, None, eps, rms=True, residual_dtype=residual_dtype,
                   weight_offset=weight_offset, out_dtype=out_dtype)  # fmt: skip
 
 
 def add_layer_norm(x: jax.Array, residual: jax.Array, weight: jax.Array | None = None,
                    bias: jax.Array | None = None, eps: float = 1e-5, *, residual_dtype=None,
-                   weight_offset: float = 0.0,
-                   out_dtype=None) -> tuple[jax.Array, jax.Array]:  # fmt: skip
+                   weight_offset: float = 0.0, out_dtype=None, quant=None,
+                   **quant_options) -> tuple:  # fmt: skip
     """``(y, h)`` as ``add_rms_norm``, y = layer_norm(h)."""
+    if quant is not None or quant_options:
+        return _apply_quant(x, residual, weight, bias, eps, rms=False,
+                            residual_dtype=residual_dtype, weight_offset=weight_offset,
+                            out_dtype=out_dtype, quant=quant, options=quant_options)  # fmt: skip
     return _apply(x, residual, weight, bias, eps, rms=False, residual_dtype=residual_dtype,
                   weight_offset=weight_offset, out_dtype=out_dtype)  # fmt: skip
 

@@ -332,3 +332,38 @@ def test_jit_over_a_mesh_of_every_gpu(name):
                                   out_specs=(P("d"), P("d"), P(), P())))  # fmt: skip
     for i, (got, want) in enumerate(zip(grads(xs, rs, w, b), want_g)):
         check(got, f64(want), f"{name} shard_map grad {i}", rows=math.sqrt(rows) if i >= 2 else 1)
+
+
+def test_quant_is_the_cupy_result():
+    """quant= through cupyln.jax on GPU arrays, eager and jitted: the bytes of CuPy's call (the
+    same kernels), in JAX's float8 dtypes; a 0-d array scale as an input of the program."""
+    import cupy
+
+    import cupyln
+
+    n = 4096
+    x, r, w, b = (ref.sample(sh, ref.BFLOAT16, loc=lc, seed=9500 + i)
+                  for i, (sh, lc) in enumerate((((4, 50, n), -2.3), ((4, 50, n), 0.3),
+                                                ((n,), 1.0), ((n,), 0.1))))  # fmt: skip
+    jx, jr, jw, jb = (jnp.asarray(cupy.asnumpy(a)) for a in (x, r, w, b))
+    gamax = jnp.asarray(np.float32(8.0))
+    for quant, kw in (("mxfp8", {"scale_layout": "cublas"}), ("nvfp4", {"global_amax": 8.0}),
+                      ("nvfp4", {"global_amax": gamax}), ("fp8_row", {"scale_ub": 3.0}),
+                      ("fp8_block", {"block": 64}), ("fp8", {"scale": 0.02})):  # fmt: skip
+        ckw = {k: (cupy.asarray(np.float32(8.0)) if k == "global_amax" and not isinstance(v, float)
+                   else v) for k, v in kw.items()}  # fmt: skip
+        want = [cupyln.rms_forward(x, w, quant=quant, **ckw)[0],
+                cupyln.forward(x, w, b, residual=r, quant=quant, **ckw)[0]]  # fmt: skip
+        opts = dict(quant=quant, **kw)
+        calls = [lambda a, c, d, e, o=opts: cj.rms_norm(a, d, **o),
+                 lambda a, c, d, e, o=opts: cj.add_layer_norm(a, c, d, e, **o)[0]]  # fmt: skip
+        for f, q in zip(calls, want):
+            for g in (f, jax.jit(f)):
+                got = g(jx, jr, jw, jb)
+                for a, c in ((got.data, q.data), (got.scale, q.scale)):
+                    if quant == "fp8" and a is c:
+                        continue
+                    ha = np.asarray(a)
+                    ha = ha.view(np.uint8) if ha.dtype.itemsize == 1 else ha
+                    assert np.array_equal(ha.reshape(-1), cupy.asnumpy(c).reshape(-1)), quant
+    assert got.data.dtype == jnp.float8_e4m3fn

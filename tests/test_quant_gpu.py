@@ -117,6 +117,12 @@ def _values(codes, s):
     return codes.view(dtype).astype(np.float64)
 
 
+def _bytes(a):
+    """A CuPy, torch or JAX output on the host: float32 as it is, 1-byte dtypes as uint8."""
+    h = ref._host(a)
+    return h.view(np.uint8) if h.dtype.itemsize == 1 else h
+
+
 def _rows_scales(sc, s, m, n):
     """The kernel's scales as [M, blocks], from either layout (cuBLAS padding checked zero)."""
     nb = s.blocks(n)
@@ -137,13 +143,13 @@ def _check_quantized(q, y64, s, what, given=None, global_amax=None):
     code of the reference's at the kernel's own scales."""
     m, n = int(np.prod(y64.shape[:-1])), y64.shape[-1]
     rows = y64.reshape(m, n)
-    data = _unpack(q.data.get(), s).reshape(m, n)
+    data = _unpack(_bytes(q.data), s).reshape(m, n)
     ref_data, ref_scale = ref.quantize(y64, s.name, scale=given, global_amax=global_amax,
                                        **_options(s))  # fmt: skip
     if s.name == "fp8":
         want = rows / float(np.float32(given))
     else:
-        got_sc = _rows_scales(q.scale.get(), s, m, n)
+        got_sc = _rows_scales(_bytes(q.scale), s, m, n)
         want_sc = _rows_scales(np.asarray(ref_scale), s, m, n)
         width = s.block or n
         pad = np.pad(rows, ((0, 0), (0, -n % width))).reshape(m, -1, width)
@@ -365,3 +371,35 @@ def test_torch_quant_is_the_cupy_result():
         q, rstd = ct.forward(tx, tw.clone().requires_grad_(), None, 1e-6, rms=True, quant="fp8_row")
     assert rstd.shape == (6, 50) and q.scale.shape == (6, 50, 1)
     cupy.cuda.Device().synchronize()
+
+
+# ------------------------------------------------------------------------------- JAX
+@pytest.mark.parametrize("dtype", [BF16, F32], ids=lambda d: d.name)
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_jax_on_the_cpu_quantizes_as_the_kernels(case, dtype):
+    """cupyln.jax on CPU arrays, eager and jitted: JAX's ops with the kernels' rules, against
+    the float64 reference as the GPU tier checks the kernels; gradients refused by name."""
+    jax = pytest.importorskip("jax")
+    cj = pytest.importorskip("cupyln.jax")
+    quant, opts, ops = CASES[case]
+    n = 256
+    cpu = jax.devices("cpu")[0]
+    x, r, w, b = (ref.sample(sh, dtype, loc=lc, seed=9600 + i, xp=np)
+                  for i, (sh, lc) in enumerate((((3, 43, n), -2.3), ((3, 43, n), 0.3),
+                                                ((n,), 1.0), ((n,), 0.1))))  # fmt: skip
+    jx, jr, jw, jb = (jax.device_put(a, cpu) for a in (x, r, w, b))
+    h = ref.add(x, r, dtype)
+    s = Q.spec(quant, n, **opts)
+    runs = {
+        "rms+offset": (lambda *a: cj.rms_norm(a[0], a[2], weight_offset=1.0, quant=quant, **opts,
+                                              **ops), ref.rms_forward(x, w, weight_offset=1.0)[0]),
+        "add+ln": (lambda *a: cj.add_layer_norm(*a, quant=quant, **opts, **ops)[0],
+                   ref.forward(h, w, b)[0]),
+    }  # fmt: skip
+    for name, (f, y64) in runs.items():
+        for how, g in (("eager", f), ("jit", jax.jit(f))):
+            q = g(jx, jr, jw, jb)
+            _check_quantized(q, y64, s, f"jax cpu {how} {quant} {opts} {dtype.name} {name}",
+                             ops.get("scale"), ops.get("global_amax"))  # fmt: skip
+    with pytest.raises(ValueError, match="quant= is forward-only"):
+        jax.grad(lambda a: cj.rms_norm(a, jw, quant="mxfp8").data.astype(np.float32).sum())(jx)
