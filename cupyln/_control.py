@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import warnings
 
-from . import _checks, _launcher, _runtime
+from . import _checks, _formats, _launcher, _runtime
 from ._problem import for_precompile
 
 
@@ -53,6 +53,8 @@ def precompile(
     device: int | None = None,
     bias_dtype=None,
     h_dtype=None,
+    quant: str | None = None,
+    **quant_options,
 ) -> int:
     """Compile ahead every kernel that rows of ``n`` elements of ``dtype`` can take, at any
     number of rows, so that later calls compile nothing: warm up with it before capturing a
@@ -66,7 +68,8 @@ def precompile(
     as the forward's keyword; default the residual's, and alone it stands for both),
     ``weight_offset`` (whether the calls pass one: the kernels then read a float32 scale),
     ``out_dtype`` (y's, as the forward's keyword), ``backward`` (the backward's kernels too),
-    ``device`` (default CuPy's current device).
+    ``device`` (default CuPy's current device), ``quant`` (y quantized: the format and its
+    options ``fp8_dtype``, ``block``, ``pow2_scale``, ``scale_layout``, as the forward's).
     ``bias_dtype`` and ``h_dtype`` are deprecated names (of ``db_dtype``; of h's dtype beside
     ``residual_dtype`` as the residual's). Returns the number of kernels, compiled or already
     there."""
@@ -81,10 +84,18 @@ def precompile(
         if residual_dtype is None:
             raise ValueError("h_dtype needs a residual_dtype; got residual_dtype=None")
         residual, residual_dtype = residual_dtype, h_dtype
+    spec = None
+    if quant is not None or quant_options:
+        if quant is None:
+            raise TypeError(f"{next(iter(quant_options))}= needs quant= (a format name)")
+        opts, operands = _formats.split_options(quant_options)
+        if operands:
+            raise TypeError(f"precompile takes no {next(iter(operands))}= (a call's operand)")
+        spec = _formats.spec(quant, n, **opts)
     p, db = for_precompile(n, dtype, w_dtype=w_dtype, b_dtype=b_dtype, db_dtype=db_dtype,
                            affine=affine, rms=rms, residual=residual,
                            residual_dtype=residual_dtype, weight_offset=weight_offset,
-                           out_dtype=out_dtype)  # fmt: skip
+                           out_dtype=out_dtype, quant=spec)  # fmt: skip
     dev = _runtime.cupy().cuda.runtime.getDevice() if device is None else int(device)
     with _runtime.OnDevice(dev):
         done = _launcher.precompile(dev, p, db, bool(backward))

@@ -13,7 +13,7 @@ from typing import NamedTuple
 import numpy
 
 from . import _checks
-from ._dtypes import acc_dtype
+from ._dtypes import BYTES, acc_dtype
 
 
 class Problem(NamedTuple):
@@ -66,10 +66,11 @@ class Problem(NamedTuple):
 
 def for_precompile(n, dtype, *, w_dtype=None, b_dtype=None, db_dtype=None,
                    affine=(True, True), rms=False, residual=None, residual_dtype=None,
-                   weight_offset=False,
-                   out_dtype=None) -> tuple[Problem, numpy.dtype]:  # fmt: skip
+                   weight_offset=False, out_dtype=None,
+                   quant=None) -> tuple[Problem, numpy.dtype]:  # fmt: skip
     """(the problem, db's dtype) that rows of ``n`` of ``dtype`` pose at any number of rows,
-    from ``cupyln.precompile``'s keywords (checked): the dtypes of a call's arguments."""
+    from ``cupyln.precompile``'s keywords (checked): the dtypes of a call's arguments;
+    ``quant``: a quantized y's checked _formats.Spec."""
     x = _checks.dtype_arg(dtype, None, "dtype")
     if x is None:
         raise TypeError("dtype must be a dtype; got None")
@@ -90,6 +91,10 @@ def for_precompile(n, dtype, *, w_dtype=None, b_dtype=None, db_dtype=None,
         r = h if r is None else r
         res = (r, _checks.residual((), r, h, (), x))
     y = _checks.out_dtype(out_dtype, x)
+    if quant is not None:
+        if out_dtype is not None:
+            raise ValueError("out_dtype does not apply with quant=: the format is y's type")
+        y = BYTES
     p = Problem(0, int(n), x, w if has_w else None, b if has_b else None, bool(rms), res,
-                y_dtype=y)  # fmt: skip
+                y_dtype=y, quant=quant)  # fmt: skip
     return p, db

@@ -53,6 +53,19 @@ def test_plans_quantize_in_the_register_rows():
         F.forward_plan(65536, F32, F32, F32, 4, SMEM_H100, 8, quant=Q.spec("fp8_row", 65536))
 
 
+def test_precompile_plans_the_quantized_store():
+    from cupyln._problem import for_precompile
+
+    s = Q.spec("nvfp4", 4096, scale_layout="cublas")
+    p, _ = for_precompile(4096, BF16, rms=True, quant=s)
+    assert p.ty == np.uint8 and p.quant == s
+    plans = F.forward_launch_plans(4096, BF16, BF16, BF16, 8, SMEM_H100, 8, rms=True, y_dtype=p.ty,
+                                   quant=s)  # fmt: skip
+    assert {pl.arg("QF") for pl in plans} == {Q.CODES["nvfp4"]} and len(plans) == 2
+    with pytest.raises(ValueError, match="out_dtype does not apply"):
+        for_precompile(4096, BF16, out_dtype=F32, quant=s)
+
+
 def test_store_args_and_outputs():
     s = Q.spec("fp8_block", 200, block=64, pow2_scale=True, fp8_dtype="e5m2")
     assert Q.store_args(s) == {"QF": 3, "QB": 64, "QO": Q.E5M2_BIT | Q.POW2_BIT}
@@ -246,6 +259,23 @@ def test_each_format_of_each_norm(case, dtype, n):
             cupy.testing.assert_allclose(a.astype(cupy.float64), want.astype(cupy.float64),
                                          rtol=1e-5, atol=1e-6, err_msg=what)  # fmt: skip
         _check_quantized(q, cupy.asnumpy(y64), s, what, ops.get("scale"), ops.get("global_amax"))
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_precompile_with_quant_leaves_nothing_to_compile():
+    import cupyln
+    from cupyln import _compile
+
+    n = 4096
+    assert cupyln.precompile(n, "bfloat16", rms=True, quant="mxfp8", scale_layout="cublas",
+                             backward=False) > 0  # fmt: skip
+    compiled = len(_compile._functions)
+    w = ref.sample((n,), BF16, loc=1.0, seed=9670)
+    for m in (1, 7, 1000, 20000):
+        x = ref.sample((m, n), BF16, seed=9671 + m)
+        cupyln.rms_forward(x, w, quant="mxfp8", scale_layout="cublas")
+        assert len(_compile._functions) == compiled, f"M={m}: a kernel compiled"
 
 
 @pytest.mark.gpu

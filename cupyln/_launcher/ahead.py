@@ -44,7 +44,7 @@ def _ahead(dev, max_cluster: int, p: Problem, db_dtype, backward: bool) -> set:
         plans = fwd.forward_launch_plans(
             n, x, w_dtype, b_dtype, vec, dev.smem_block, max_cluster, dram_per_sm=dev.dram_per_sm,
             affine=p.affine, rms=p.rms, residual=res, threads_sm=dev.threads_sm,
-            y_dtype=p.ty,
+            y_dtype=p.ty, quant=p.quant,
         )  # fmt: skip
         for plan in plans:
             out.add(plan)

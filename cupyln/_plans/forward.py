@@ -161,9 +161,13 @@ def forward_launch_plans(n: int, x_dtype, w_dtype, b_dtype, vec: int, smem_limit
                          max_cluster: int, dram_per_sm: float = 0.0,
                          affine: tuple = (True, True), rms: bool = False,
                          residual: tuple | None = None, threads_sm: int = FWD_STREAM_THREADS,
-                         y_dtype=None) -> set:  # fmt: skip
+                         y_dtype=None, quant=None) -> set:  # fmt: skip
     """Every plan forward_launch_plan can return for rows of N, whatever M (a few more: the
     plans it weighs), for compiling ahead of a CUDA-graph capture."""
+    if quant is not None:
+        q = dict(rms=rms, residual=residual, quant=quant)
+        return {quant_plan(n, x_dtype, w_dtype, b_dtype, vec, items, **q)
+                for items in (FWD_REG_ITEMS, FWD_REG_ITEMS_SHORT)}  # fmt: skip
     dtypes = (x_dtype, w_dtype, b_dtype, vec, smem_limit, max_cluster)
     norm = dict(affine=affine, rms=rms, residual=residual, y_dtype=y_dtype)
     fast = dram_per_sm >= FWD_STREAM_DRAM_PER_SM and threads_sm >= FWD_STREAM_THREADS
