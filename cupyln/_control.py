@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import warnings
 
-from . import _checks, _formats, _launcher, _runtime
+from . import _checks, _launcher, _runtime
 from ._problem import for_precompile
 
 
@@ -84,18 +84,10 @@ def precompile(
         if residual_dtype is None:
             raise ValueError("h_dtype needs a residual_dtype; got residual_dtype=None")
         residual, residual_dtype = residual_dtype, h_dtype
-    spec = None
-    if quant is not None or quant_options:
-        if quant is None:
-            raise TypeError(f"{next(iter(quant_options))}= needs quant= (a format name)")
-        opts, operands = _formats.split_options(quant_options)
-        if operands:
-            raise TypeError(f"precompile takes no {next(iter(operands))}= (a call's operand)")
-        spec = _formats.spec(quant, n, **opts)
     p, db = for_precompile(n, dtype, w_dtype=w_dtype, b_dtype=b_dtype, db_dtype=db_dtype,
                            affine=affine, rms=rms, residual=residual,
                            residual_dtype=residual_dtype, weight_offset=weight_offset,
-                           out_dtype=out_dtype, quant=spec)  # fmt: skip
+                           out_dtype=out_dtype, quant=quant, **quant_options)  # fmt: skip
     dev = _runtime.cupy().cuda.runtime.getDevice() if device is None else int(device)
     with _runtime.OnDevice(dev):
         done = _launcher.precompile(dev, p, db, bool(backward))

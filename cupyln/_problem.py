@@ -66,11 +66,14 @@ class Problem(NamedTuple):
 
 def for_precompile(n, dtype, *, w_dtype=None, b_dtype=None, db_dtype=None,
                    affine=(True, True), rms=False, residual=None, residual_dtype=None,
-                   weight_offset=False, out_dtype=None,
-                   quant=None) -> tuple[Problem, numpy.dtype]:  # fmt: skip
+                   weight_offset=False, out_dtype=None, quant=None,
+                   **quant_options) -> tuple[Problem, numpy.dtype]:  # fmt: skip
     """(the problem, db's dtype) that rows of ``n`` of ``dtype`` pose at any number of rows,
     from ``cupyln.precompile``'s keywords (checked): the dtypes of a call's arguments;
-    ``quant``: a quantized y's checked _formats.Spec."""
+    ``quant`` and its options (``fp8_dtype``, ``block``, ``pow2_scale``, ``scale_layout``):
+    a quantized y's format, as the forward's."""
+    from . import _formats
+
     x = _checks.dtype_arg(dtype, None, "dtype")
     if x is None:
         raise TypeError("dtype must be a dtype; got None")
@@ -91,7 +94,13 @@ def for_precompile(n, dtype, *, w_dtype=None, b_dtype=None, db_dtype=None,
         r = h if r is None else r
         res = (r, _checks.residual((), r, h, (), x))
     y = _checks.out_dtype(out_dtype, x)
-    if quant is not None:
+    if quant is not None or quant_options:
+        if quant is None:
+            raise TypeError(f"{next(iter(quant_options))}= needs quant= (a format name)")
+        opts, operands = _formats.split_options(quant_options)
+        if operands:
+            raise TypeError(f"precompile takes no {next(iter(operands))}= (a call's operand)")
+        quant = _formats.spec(quant, int(n), **opts)
         if out_dtype is not None:
             raise ValueError("out_dtype does not apply with quant=: the format is y's type")
         y = BYTES

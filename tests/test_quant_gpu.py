@@ -57,13 +57,15 @@ def test_precompile_plans_the_quantized_store():
     from cupyln._problem import for_precompile
 
     s = Q.spec("nvfp4", 4096, scale_layout="cublas")
-    p, _ = for_precompile(4096, BF16, rms=True, quant=s)
+    p, _ = for_precompile(4096, BF16, rms=True, quant="nvfp4", scale_layout="cublas")
     assert p.ty == np.uint8 and p.quant == s
     plans = F.forward_launch_plans(4096, BF16, BF16, BF16, 8, SMEM_H100, 8, rms=True, y_dtype=p.ty,
                                    quant=s)  # fmt: skip
     assert {pl.arg("QF") for pl in plans} == {Q.CODES["nvfp4"]} and len(plans) == 2
     with pytest.raises(ValueError, match="out_dtype does not apply"):
-        for_precompile(4096, BF16, out_dtype=F32, quant=s)
+        for_precompile(4096, BF16, out_dtype=F32, quant="nvfp4")
+    with pytest.raises(TypeError, match="precompile takes no scale="):
+        for_precompile(4096, BF16, quant="fp8", scale=1.0)
 
 
 def test_store_args_and_outputs():

@@ -49,7 +49,8 @@ __all__ = ["layer_norm", "LayerNorm", "replace_layer_norms", "forward", "backwar
 def precompile(normalized_shape, dtype: torch.dtype, *, weight_dtype=None, bias_dtype=None,
                weight: bool = True, bias: bool = True, rms: bool = False, residual=None,
                residual_dtype=None, weight_offset: bool = False, out_dtype=None,
-               backward: bool = True, device=None) -> int:  # fmt: skip
+               backward: bool = True, device=None, quant: str | None = None,
+               **quant_options) -> int:  # fmt: skip
     """Compile ahead every kernel that rows of ``normalized_shape`` of ``dtype`` can take at
     any number of rows (``cupyln.precompile`` with torch dtypes): warm up with it before a CUDA
     graph is captured at shapes not run before. ``weight``/``bias``: whether the calls pass
@@ -57,7 +58,8 @@ def precompile(normalized_shape, dtype: torch.dtype, *, weight_dtype=None, bias_
     ``residual``: the residual's dtype of an add in front, ``residual_dtype``: h's, as
     ``add_rms_norm``'s keyword (default the residual's; alone it stands for both);
     ``weight_offset``: whether the calls pass one; ``out_dtype``: y's, as the norms' keyword;
-    ``device``: a CUDA device (default torch's current one). Returns the number of kernels."""
+    ``device``: a CUDA device (default torch's current one); ``quant`` and its options: a
+    quantized y's format, as the norms'. Returns the number of kernels."""
     from .. import _launcher, _runtime
     from .._problem import for_precompile
     from ._glue import _NP
@@ -80,7 +82,8 @@ def precompile(normalized_shape, dtype: torch.dtype, *, weight_dtype=None, bias_
                            residual=np_dtype(residual, "residual"),
                            residual_dtype=np_dtype(residual_dtype, "residual_dtype"),
                            weight_offset=weight_offset,
-                           out_dtype=np_dtype(out_dtype, "out_dtype"))  # fmt: skip
+                           out_dtype=np_dtype(out_dtype, "out_dtype"), quant=quant,
+                           **quant_options)  # fmt: skip
     with _runtime.OnDevice(index):
         return len(_launcher.precompile(index, p, db, backward))
 
