@@ -20,6 +20,8 @@ from jax.experimental.buffer_callback import buffer_callback
 
 from . import _formats, _launcher, _runtime
 from ._dtypes import BYTES, acc_dtype
+from ._jax_rows import ROWS, WHOLE, by_rows, taken
+from ._jax_rows import given as given_of
 from ._problem import Problem
 
 E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # e2m1's magnitudes, by code
@@ -120,7 +122,7 @@ def _ptr(buf) -> int:
 @lru_cache(maxsize=1024)
 def _call(m, n, x_dtype, r_dtype, h_dtype, w_dtype, b_dtype, eps, rms, s, has_given, value):
     """buffer_callback computing (elements, scales, mean, rstd, h) as bytes and float32, y
-    quantized by spec ``s`` (the caller's scalar an input where ``has_given``)."""
+    quantized by spec ``s`` (the caller's scalar a (1,) input where ``has_given``)."""
     (dshape, _), sc = _formats.outputs(s, (m, n))
     acc = acc_dtype(x_dtype)
     scale_shape = (0,) if sc is None else sc[0]
@@ -162,19 +164,39 @@ def _call(m, n, x_dtype, r_dtype, h_dtype, w_dtype, b_dtype, eps, rms, s, has_gi
     return buffer_callback(callback, shapes, vmap_method="sequential")
 
 
-def quantize_kernels(x2, r2, w, b, eps, rms, h_dtype, s, given):
-    """(elements, scales in the call's layout, h) by the kernels, as ``quantize_ops``'s."""
+def _local(static, x2, *rest):
+    """The kernels' call on the rows at hand (a device's under a mesh): (elements, scales,
+    mean, rstd, h) as bytes and float32."""
+    eps, rms, h_dtype, s, value, present = static
+    r2, w, b, given = taken(present, rest)
     m, n = x2.shape
-    has_given = given is not None and not isinstance(given, (int, float))
-    value = 0.0 if has_given else float(given or 0.0)
+    dt = lambda a: None if a is None else numpy.dtype(a.dtype)  # noqa: E731
+    call = _call(m, n, dt(x2), dt(r2), h_dtype, dt(w), dt(b), eps, rms, s, given is not None,
+                 value)  # fmt: skip
+    return call(x2, *rest)
+
+
+_rows = by_rows(_local)
+
+
+def quantize_kernels(x2, r2, w, b, eps, rms, h_dtype, s, given):
+    """(elements, scales in the call's layout, h) by the kernels, as ``quantize_ops``'s. Under
+    jax.jit on a mesh each device quantizes its own rows (_jax_rows); scales in the cuBLAS
+    layout, whose tiles span 128 rows, come from one call over all of them."""
+    array = given is not None and not isinstance(given, (int, float))
+    value = 0.0 if array else float(given or 0.0)
     if s.name == "fp8_row" and s.scale_ub is not None:
         value = s.scale_ub
-    dt = lambda a: None if a is None else numpy.dtype(a.dtype)  # noqa: E731
-    call = _call(m, n, dt(x2), dt(r2), h_dtype, dt(w), dt(b), eps, rms, s, has_given, value)
-    args = [a for a in (x2, r2, w, b) if a is not None]
-    if has_given:
-        args.append(jnp.asarray(given, jnp.float32))
-    data, scale, _, _, h = call(*args)
+    g = jnp.asarray(given, jnp.float32).reshape(1) if array else None
+    rest, present = given_of((r2, w, b, g))
+    static = (eps, rms, h_dtype, s, value, present)
+    if s.scale_layout == "cublas":
+        data, scale, _, _, h = _local(static, x2, *rest)
+    else:
+        kinds_in = (ROWS,) + tuple(k for k, p in zip((ROWS, WHOLE, WHOLE, WHOLE), present) if p)
+        kinds_out = (ROWS, WHOLE if s.name == "fp8" else ROWS, WHOLE if rms else ROWS, ROWS,
+                     ROWS if r2 is not None else WHOLE)  # fmt: skip
+        data, scale, _, _, h = _rows(static, kinds_in, kinds_out, x2, *rest)
     ddt, sdt = dtypes(s)
     if ddt != jnp.uint8:
         data = jax.lax.bitcast_convert_type(data, ddt)

@@ -82,8 +82,9 @@ def _rule(static, kinds_in, kinds_out, mesh, operand_types, result_types):
 
     def factors(kind, ir_type):
         dims = list(ir_type.shape)
-        if kind == ROWS:
-            return " ".join(["m", "n"][: len(dims)] + [next(extra) for _ in dims[2:]])
+        if kind == ROWS:  # (a quantized y's elements and scales: widths of their own)
+            width = ["n" if dims[1] == n else next(extra)] if len(dims) > 1 else []
+            return " ".join(["m"] + width + [next(extra) for _ in dims[2:]])
         return " ".join("n" if d == n and i == 0 else next(extra) for i, d in enumerate(dims))
 
     lhs = ", ".join(factors(k, t) for k, t in zip(kinds_in, operand_types))
@@ -123,6 +124,17 @@ def by_rows(body):
         return mapped(static, kinds_in, kinds_out)(*arrays)
 
     return call
+
+
+def given(arrays) -> tuple:
+    """(the arrays that are not None, which are) for a call's optional operands."""
+    return tuple(a for a in arrays if a is not None), tuple(a is not None for a in arrays)
+
+
+def taken(present, arrays) -> list:
+    """The optional operands back in their places, None where absent."""
+    arrays = iter(arrays)
+    return [next(arrays) if p else None for p in present]
 
 
 def devices(a):

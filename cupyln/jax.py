@@ -46,6 +46,8 @@ import numpy
 from . import _checks, _launcher, _runtime
 from ._dtypes import acc_dtype
 from ._jax_rows import ROWS, SUM, WHOLE, by_rows, devices, psum_wide
+from ._jax_rows import given as _given
+from ._jax_rows import taken as _taken
 from ._problem import Problem
 
 __all__ = ["layer_norm", "rms_norm", "add_rms_norm", "add_layer_norm", "precompile"]
@@ -95,17 +97,6 @@ def _cotangent(ct, primal):
     if extra:
         ct = psum_wide(ct, extra)
     return _cast(ct, _vma(primal) - _vma(ct))
-
-
-def _given(arrays) -> tuple:
-    """(the arrays that are not None, which are) for a call's optional operands."""
-    return tuple(a for a in arrays if a is not None), tuple(a is not None for a in arrays)
-
-
-def _taken(present, arrays) -> list:
-    """The optional operands back in their places, None where absent."""
-    arrays = iter(arrays)
-    return [next(arrays) if p else None for p in present]
 
 
 def _summed(given) -> str:

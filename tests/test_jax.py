@@ -224,3 +224,57 @@ def test_jit_over_a_mesh_splits_the_rows(partitioner):
             assert len(rows["reduces"]) == 1, rows
             assert rows["reduces"][0].count("f32[32]") == summed, rows
         assert width["gathers"] > 0 and all("[24,32]" in c for c in width["calls"]), width
+
+
+QUANT_SHARDED = r"""
+import json, os, sys
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+os.environ["JAX_PLATFORMS"] = "cpu"
+import jax, jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec as P
+import cupyln.jax as cj
+
+cj._KERNELS_ON_CPU = True
+jax.config.update("jax_use_shardy_partitioner", sys.argv[1] == "shardy")
+mesh = jax.make_mesh((2,), ("d",))
+w, b = jnp.ones(32, jnp.float32), jnp.zeros(32, jnp.float32)
+x = jax.device_put(jnp.ones((4, 6, 32), jnp.bfloat16), NamedSharding(mesh, P("d")))
+r = jax.device_put(jnp.ones((4, 6, 32), jnp.bfloat16), NamedSharding(mesh, P("d")))
+calls = {
+    "mxfp8": lambda x, r: cj.rms_norm(x, w, quant="mxfp8"),
+    "nvfp4": lambda x, r: cj.add_layer_norm(x, r, w, b, quant="nvfp4",
+                                            global_amax=jnp.float32(4.0))[0],
+    "fp8_row": lambda x, r: cj.rms_norm(x, w, quant="fp8_row", scale_ub=2.0),
+    "cublas": lambda x, r: cj.rms_norm(x, w, quant="mxfp8", scale_layout="cublas"),
+}
+out = {}
+for name, f in calls.items():
+    lines = jax.jit(f).lower(x, r).compile().as_text().splitlines()
+    out[name] = {
+        "calls": [l.split(" = ")[1].split(" custom-call(")[0] for l in lines
+                  if " custom-call(" in l and "callback" in l],
+        "gathers": sum(" all-gather(" in l for l in lines),
+    }
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("partitioner", ["shardy", "gspmd"])
+def test_quant_over_a_mesh_splits_the_rows(partitioner):
+    """quant= under jax.jit on a mesh of two (CPU) devices, compiled, not run: each device
+    quantizes its own 12 of 24 rows (elements, scales and h split as x), no all-gather; the
+    cuBLAS layout, whose tiles span 128 rows, runs once over the gathered rows."""
+    jax = pytest.importorskip("jax")
+    pytest.importorskip("cupyln.jax")
+    if not hasattr(jax.config, "jax_use_shardy_partitioner"):
+        pytest.skip("this JAX has one partitioner")
+    done = subprocess.run([sys.executable, "-c", QUANT_SHARDED, partitioner],
+                          capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    for name, width in (("mxfp8", 32), ("nvfp4", 16), ("fp8_row", 32)):
+        rows = got[name]
+        assert len(rows["calls"]) == 1 and rows["gathers"] == 0, (name, rows)
+        assert rows["calls"][0].startswith(f"(u8[12,{width}]"), (name, rows)
+    cublas = got["cublas"]
+    assert cublas["gathers"] > 0 and cublas["calls"][0].startswith("(u8[24,32]"), cublas
