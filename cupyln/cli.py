@@ -284,6 +284,18 @@ def cmd_bench(args) -> int:
                   f"{ms:.2f} ms")  # fmt: skip
         return 0
     ns = tuple(int(v) for v in args.n.split(",")) if args.n else bench.DEFAULT_NS
+    if args.peers:
+        from cupyln import bench_peers
+
+        def peer(r):
+            print(f"{r.provider:14s} {r.dtype:9s} M={r.M:<8d} N={r.N:<6d} fwd {r.fwd_GBs:6.0f} "
+                  f"GB/s ({r.fwd_of_copy:4.0%})  bwd {r.bwd_GBs:6.0f} GB/s "
+                  f"({r.bwd_of_copy:4.0%}) {r.kernels}", flush=True)  # fmt: skip
+
+        copy, rows = bench_peers.run_peers(args.norm, args.dtype, 2**args.log2_elements, ns,
+                                           peer)  # fmt: skip
+        print(f"device-to-device copy: {copy:.0f} GB/s (read + write)")
+        return _save(args, bench, copy, rows)
     if args.quant:
 
         def line(r):
@@ -433,6 +445,12 @@ def main(argv=None) -> int:
         help="the forward with y quantized in this format, against the plain forward",
     )
     b.add_argument("--compile", action="store_true", help="add torch.compile (slow to compile)")
+    b.add_argument(
+        "--peers",
+        action="store_true",
+        help="--norm's forward and backward through torch's autograd against torch, "
+        "torch.compile and Liger (those installed)",
+    )
     b.add_argument("--overhead", action="store_true", help="CPU time per call, tiny arrays")
     b.add_argument("--jagged", action="store_true", help="the jagged sweep (Helion's batches)")
     b.add_argument("--train", action="store_true", help="training step time, torch vs cupyln")

@@ -66,6 +66,36 @@ def test_bench_family(tmp_path, norm):
 
 @requires_gpu
 @pytest.mark.gpu
+@pytest.mark.parametrize("norm", ["ln", "add_rms"])
+def test_bench_peers(tmp_path, norm):
+    """--peers: cupyln.torch, torch and torch.compile (Liger where installed) at each width,
+    fwd and bwd GB/s, each checked against the float64 reference (no WRONG)."""
+    pytest.importorskip("torch")
+    out = tmp_path / "p.json"
+    r = run("bench", "--peers", "--norm", norm, "--n", "1024", "--log2-elements", "16",
+            "--json", str(out))  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = json.loads(out.read_text())["rows"]
+    assert {"cupyln", "torch", "torch.compile"} <= {row["provider"] for row in rows}
+    assert all(row["fwd_GBs"] > 0 and row["bwd_GBs"] > 0 for row in rows)
+    assert "WRONG" not in r.stdout
+
+
+@requires_gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("quant", ["mxfp8", "nvfp4"])
+def test_bench_quant(tmp_path, quant):
+    out = tmp_path / "q.json"
+    r = run("bench", "--quant", quant, "--norm", "rms", "--n", "1000,4096", "--log2-elements",
+            "18", "--json", str(out))  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = json.loads(out.read_text())["rows"]  # N = 1000 is no multiple of the block: left out
+    assert [(row["provider"], row["N"]) for row in rows] == [("cupyln", 4096),
+                                                            (f"cupyln {quant}", 4096)]  # fmt: skip
+
+
+@requires_gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("direction,timed,skipped", [("forward", "fwd", "bwd"),
                                                      ("backward", "bwd", "fwd")])  # fmt: skip
 def test_bench_one_direction(tmp_path, direction, timed, skipped):
