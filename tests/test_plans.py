@@ -942,3 +942,36 @@ def test_profiles_hold_what_the_plans_read():
         assert p.smem_block < p.smem_sm and p.dram_per_sm > 0
     assert unsupported("NVIDIA A100", 80) is None and unsupported("NVIDIA B200", 100) is None
     assert "Tesla V100 has compute capability 7.0" in unsupported("Tesla V100", 70)
+
+
+@pytest.mark.parametrize("profile", sorted(PROFILES))
+def test_every_profile_plans_fit_its_limits(profile):
+    """Each profile's plans, forward (every M: forward_launch_plans) and backward, every dtype,
+    pack width and norm, fit that GPU's limits: blocks of whole warps up to 1024 threads, the
+    launch bounds' threads (and MINB blocks of the block's threads) within its threads an SM,
+    shared memory with the kernels' own within its opt-in limit, clusters only where it has
+    them. (Registers: tests/test_compile.py's spill allowances at each architecture's bounds.)"""
+    dev = PROFILES[profile]
+    wide = {769, 1000, 32768, 65536, 65537, 262144, 10**6}
+    ns = sorted(set(range(8, 17000, 56)) | set(range(1, 130)) | wide)
+    for dt in DTYPES:
+        for vec in _vecs(dt):
+            for n in (n for n in ns if n % vec == 0):
+                plans = set()
+                for residual in (None, (dt, dt)):
+                    for rms in (False, True):
+                        plans |= F.forward_launch_plans(
+                            n, dt, dt, dt, vec, dev.smem_block, dev.max_cluster, dev.dram_per_sm,
+                            rms=rms, residual=residual, threads_sm=dev.threads_sm,
+                        )  # fmt: skip
+                for short in (False, True):
+                    for rms in (False, True):
+                        limits = (dev.smem_block, dev.max_cluster)
+                        plans.add(B.backward_plan(n, dt, dt, vec, *limits, short=short, rms=rms))
+                for p in plans:
+                    assert p.block % 32 == 0 and p.block <= 1024, (profile, n, p)
+                    assert p.threads <= dev.threads_sm, (profile, n, p)
+                    assert p.smem + C.STATIC_SMEM_MARGIN <= dev.smem_block, (profile, n, p)
+                    assert p.cluster <= dev.max_cluster, (profile, n, p)
+                    if "MINB" in C.params(p.kernel.name):
+                        assert p.arg("MINB") * p.block <= dev.threads_sm, (profile, n, p)
