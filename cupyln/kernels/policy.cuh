@@ -71,7 +71,14 @@ struct Load {
 };
 
 // The quantized output formats (cupyln/_formats.py; the plans pass these codes) and options.
-enum QuantFormat { Q_NONE = 0, Q_FP8 = 1, Q_FP8_ROW = 2, Q_FP8_BLOCK = 3, Q_MXFP8 = 4, Q_NVFP4 = 5 };
+enum QuantFormat {
+  Q_NONE = 0,
+  Q_FP8 = 1,
+  Q_FP8_ROW = 2,
+  Q_FP8_BLOCK = 3,
+  Q_MXFP8 = 4,
+  Q_NVFP4 = 5
+};
 enum QuantOption { Q_E5M2 = 1, Q_POW2 = 2, Q_CUBLAS = 4 };
 
 // A quantized y's operands besides its elements (kernel parameters; unused without one).
@@ -200,9 +207,8 @@ struct Store {
     constexpr int G = ROW ? ITEMS : (PB <= TPR ? 1 : PB / TPR);
     // a block's lanes: inside a warp, the row's, or whole warps of a row of a block (L > 32,
     // reduced through shared memory at a named barrier of their own)
-    static_assert(!BLOCKED || (PB <= TPR ? (PB <= 32 || PB == TPR ||
-                                            (PB % 32 == 0 && TPR == BLOCK && BLOCK % PB == 0 && BLOCK / PB <= 15))
-                                         : PB % TPR == 0),
+    constexpr bool WARPS = PB % 32 == 0 && TPR == BLOCK && BLOCK % PB == 0 && BLOCK / PB <= 15;
+    static_assert(!BLOCKED || (PB <= TPR ? (PB <= 32 || PB == TPR || WARPS) : PB % TPR == 0),
                   "a block's lanes");
     static_assert(QF != Q_NVFP4 || VEC % 2 == 0, "fp4 elements pair up in bytes");
     constexpr bool KEEP = G == 1;  // a slot's values kept between the max and the stores

@@ -12,7 +12,8 @@
 //     to a power of two.
 //
 // The fp8 bytes are formed on the bits of the float, exact on every architecture from sm_80 on;
-// to_fp8x2 converts a pair with sm_89's instruction for the same rounding where it exists. Arithmetic before them is the caller's (y / s or y * 1/s).
+// to_fp8x2 converts a pair with sm_89's instruction for the same rounding where it exists.
+// Arithmetic before them is the caller's (y / s or y * 1/s).
 #pragma once
 
 namespace cupyln {
