@@ -1,5 +1,6 @@
 """kernels/quant.cuh: float32 to e4m3, e5m2, e2m1 and E8M0 on the GPU, against ml_dtypes'
-rounding (saturated first, as the formats' rule says) and the reference's E8M0 rule.
+rounding (saturated first, as the formats' rule says) and the reference's E8M0 rule; fp8
+pairs (to_fp8x2: sm_89's instruction) byte for byte as the single conversions.
 
 CPU tier: NVRTC builds the conversions for every supported architecture. GPU tier: every
 float32 at the formats' edges (each boundary, the ties either side of it, subnormals, zeros,
@@ -28,6 +29,13 @@ extern "C" __global__ void quant_probe(const float* x, unsigned char* out, int n
   const float inv = cupyln::inv_scale_of_e8m0(out[3 * n + i]);
   out[5 * n + i] = out[3 * n + i] == 0xffu ? 0 : cupyln::to_e4m3(f * inv);
   if (i == 0) out[6 * n] = cupyln::pack_e2m1(0.5f, -6.0f);
+  // pairs (sm_89 and newer: one instruction each), f in the low byte and -f in the high one
+  const unsigned short e4 = cupyln::to_fp8x2<false>(f, -f), e5 = cupyln::to_fp8x2<true>(f, -f);
+  unsigned char* pairs = out + 6 * n + 1 + 4 * i;
+  pairs[0] = e4 & 0xffu;
+  pairs[1] = e4 >> 8;
+  pairs[2] = e5 & 0xffu;
+  pairs[3] = e5 >> 8;
 }
 """
 
@@ -101,7 +109,7 @@ def test_conversions_match_the_formats_rounding():
     n = x.size
     mod = cupy.RawModule(code=probe_source(), options=_compile.OPTIONS)
     k = mod.get_function("quant_probe")
-    out = cupy.full(6 * n + 1, 0xAB, dtype=cupy.uint8)  # poisoned
+    out = cupy.full(10 * n + 1, 0xAB, dtype=cupy.uint8)  # poisoned
     k(((n + 255) // 256,), (256,), (cupy.asarray(x), out, np.int32(n)))
     got = out.get()
     want = expected(x)
@@ -122,3 +130,12 @@ def test_conversions_match_the_formats_rounding():
     mx = got[5 * n : 6 * n][fin].view(ml_dtypes.float8_e4m3fn).astype(np.float64)
     assert np.all(np.isfinite(mx)) and np.all(np.abs(mx) <= 448.0)
     assert got[6 * n] == 0x1 | (0xF << 4)  # 0.5 in the low nibble, -6 in the high one
+    # the pairs: each byte the single conversion's, of x and of -x
+    pairs = got[6 * n + 1 :].reshape(n, 4)
+    with np.errstate(invalid="ignore", over="ignore"):
+        negated = expected(-x)
+    for j, (name, want_of) in enumerate((("e4m3", want), ("e4m3", negated), ("e5m2", want),
+                                         ("e5m2", negated))):  # fmt: skip
+        bad = np.flatnonzero((pairs[:, j] != want_of[name]) & ~nan)
+        assert bad.size == 0, (f"pair byte {j} ({name}): {bad.size} differ, e.g. x = "
+                               f"{x[bad[:5]]!r}")  # fmt: skip
