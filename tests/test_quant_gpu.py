@@ -435,3 +435,32 @@ def test_jax_on_the_cpu_quantizes_as_the_kernels(case, dtype):
                              ops.get("scale"), ops.get("global_amax"))  # fmt: skip
     with pytest.raises(ValueError, match="quant= is forward-only"):
         jax.grad(lambda a: cj.rms_norm(a, jw, quant="mxfp8").data.astype(np.float32).sum())(jx)
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_torch_quant_in_a_cuda_graph():
+    """After precompile, a quantized norm captured in a CUDA graph replays to the eager bytes
+    on new data (the op's outputs allocated once, by the capture)."""
+    torch = pytest.importorskip("torch")
+    import cupyln.torch as ct
+
+    n = 2048
+    ct.precompile((n,), torch.bfloat16, rms=True, quant="nvfp4", backward=False)
+    x = torch.randn(64, n, device="cuda", dtype=torch.bfloat16) - 2.3
+    w = torch.rand(n, device="cuda", dtype=torch.bfloat16) + 0.5
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s), torch.no_grad():
+        ct.rms_norm(x, (n,), w, quant="nvfp4", global_amax=10.0)  # warm-up off the graph
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g), torch.no_grad():
+        q = ct.rms_norm(x, (n,), w, quant="nvfp4", global_amax=10.0)
+    x.copy_(torch.randn_like(x) * 3 + 1)
+    g.replay()
+    with torch.no_grad():
+        want = ct.rms_norm(x, (n,), w, quant="nvfp4", global_amax=10.0)
+    torch.cuda.synchronize()
+    assert torch.equal(q.data.view(torch.uint8), want.data.view(torch.uint8))
+    assert torch.equal(q.scale.view(torch.uint8), want.scale.view(torch.uint8))
