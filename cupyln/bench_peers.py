@@ -155,3 +155,89 @@ def run_peers(norm: str = "rms", dtype="bfloat16", elements: int = 2**27, ns=ben
         args = ref = None  # the width's tensors back to torch's allocator
         torch.cuda.empty_cache()
     return copy, rows
+
+
+# ------------------------------------------------------------------ the quantized forward
+def _torch_quantize(torch, quant: str):
+    """f(y) -> (elements, scales) in torch's ops, by cupyln's rules (for torch.compile to fuse
+    after the norm, as the peers quantize): fp8_row, fp8_block (1x128) and mxfp8, e4m3."""
+
+    def fp8(v):
+        return v.clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+
+    def blocks(y, width):
+        m, n = y.shape
+        return y.float().reshape(m, n // width, width)
+
+    if quant == "fp8_row":
+
+        def q(y):
+            s = y.float().abs().amax(-1, keepdim=True).clamp_min(1e-12) / 448.0
+            return fp8(y.float() * (1.0 / s)), s
+
+    elif quant == "fp8_block":
+
+        def q(y):
+            b = blocks(y, 128)
+            s = b.abs().amax(-1, keepdim=True).clamp_min(1e-12) / 448.0
+            return fp8(b * (1.0 / s)).reshape(y.shape), s.squeeze(-1)
+
+    elif quant == "mxfp8":
+
+        def q(y):
+            b = blocks(y, 32)
+            amax = b.abs().amax(-1, keepdim=True)
+            mant, exp = torch.frexp(amax / 448.0)
+            e = torch.where(mant == 0.5, exp - 1, exp).clamp(-127, 127)
+            inv = torch.ldexp(torch.ones_like(amax), -e)
+            byte = torch.where(amax > 0, e + 127, 0).to(torch.uint8)
+            return fp8(b * inv).reshape(y.shape), byte.squeeze(-1)
+
+    else:
+        raise ValueError(f"the peers quantize fp8_row, fp8_block and mxfp8; got {quant!r}")
+    return q
+
+
+def run_quant_peers(quant: str, dtype="bfloat16", elements: int = 2**27, ns=bench.DEFAULT_NS,
+                    progress: Callable[[bench.Row], None] | None = None):  # fmt: skip
+    """RMSNorm with y quantized, forward only, at M = elements // N: cupyln's one pass against
+    torch.compile of RMSNorm then the quantization (which inductor fuses into one kernel), and
+    cupyln's plain norm followed by the compiled quantization (two passes). (copy GB/s,
+    [bench.Row]) with the bytes of bench.quant_bytes."""
+    import numpy
+    import torch
+
+    import cupyln.torch as clt
+
+    torch._dynamo.config.recompile_limit = 512
+    q = _torch_quantize(torch, quant)
+    F = torch.nn.functional
+    fused = torch.compile(lambda x, w: q(F.rms_norm(x, (x.shape[-1],), w, 1e-6)), dynamic=False)
+    after = torch.compile(q, dynamic=False)
+    calls = {
+        f"cupyln {quant}": lambda x, w: clt.rms_norm(x, (x.shape[-1],), w, 1e-6, quant=quant),
+        "torch.compile": fused,
+        "cupyln + compiled quant": lambda x, w: after(clt.rms_norm(x, (x.shape[-1],), w, 1e-6)),
+    }
+    dt = getattr(torch, dtype)
+    copy = bench.copy_bandwidth()
+    rows = []
+    for n in ns:
+        if n % (32 if quant == "mxfp8" else 128 if quant == "fp8_block" else 1):
+            continue
+        m = max(1, elements // n)
+        g = torch.Generator(device="cuda").manual_seed(n)
+        x = -2.3 + 0.5 * torch.randn(m, n, generator=g, device="cuda").to(dt)
+        w = 1.0 + 0.2 * torch.randn(n, generator=g, device="cuda").to(dt)
+        nbytes = bench.quant_bytes("rms", m, n, numpy.dtype(dtype), quant)
+        for name, f in calls.items():
+            with torch.no_grad():
+                ms = bench.time_ms(lambda f=f, x=x, w=w: f(x, w))
+            gbs = nbytes / ms * 1e-6
+            row = bench.Row(name, dtype, m, n, ms, None, gbs, None, gbs / copy, None)
+            rows.append(row)
+            if progress is not None:
+                progress(row)
+        x = w = None
+        torch.cuda.empty_cache()
+    return copy, rows

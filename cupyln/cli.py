@@ -284,6 +284,17 @@ def cmd_bench(args) -> int:
                   f"{ms:.2f} ms")  # fmt: skip
         return 0
     ns = tuple(int(v) for v in args.n.split(",")) if args.n else bench.DEFAULT_NS
+    if args.peers and args.quant:
+        from cupyln import bench_peers
+
+        def qpeer(r):
+            print(f"{r.provider:24s} {r.dtype:9s} M={r.M:<8d} N={r.N:<6d} fwd "
+                  f"{r.fwd_GBs:6.0f} GB/s ({r.fwd_of_copy:4.0%})", flush=True)  # fmt: skip
+
+        copy, rows = bench_peers.run_quant_peers(args.quant, args.dtype, 2**args.log2_elements,
+                                                 ns, qpeer)  # fmt: skip
+        print(f"device-to-device copy: {copy:.0f} GB/s (read + write)")
+        return _save(args, bench, copy, rows)
     if args.peers:
         from cupyln import bench_peers
 
