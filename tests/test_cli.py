@@ -83,6 +83,21 @@ def test_bench_peers(tmp_path, norm):
 
 @requires_gpu
 @pytest.mark.gpu
+def test_bench_quant_peers(tmp_path):
+    """--quant with --peers: cupyln's one pass, torch.compile's fused norm and quantization,
+    and cupyln's norm then the compiled quantization, at each width."""
+    pytest.importorskip("torch")
+    out = tmp_path / "qp.json"
+    r = run("bench", "--quant", "mxfp8", "--peers", "--n", "4096", "--log2-elements", "16",
+            "--json", str(out))  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = json.loads(out.read_text())["rows"]
+    assert [row["provider"] for row in rows] == ["cupyln mxfp8", "torch.compile",
+                                                 "cupyln + compiled quant"]  # fmt: skip
+
+
+@requires_gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("quant", ["mxfp8", "nvfp4"])
 def test_bench_quant(tmp_path, quant):
     out = tmp_path / "q.json"
