@@ -90,7 +90,7 @@ def _reference(norm, x, r, w, b, eps):
 
 
 def _rel(a, ref) -> float:
-    return float((a.double() - ref).norm() / ref.norm())
+    return float((a.detach().double() - ref).norm() / ref.norm())
 
 
 def run_peers(norm: str = "rms", dtype="bfloat16", elements: int = 2**27, ns=bench.DEFAULT_NS,
