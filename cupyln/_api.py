@@ -272,43 +272,31 @@ def _forward_cached(rms: bool, x, w, b, eps):
     return y, nd(call.lead, stat_dtype, mem + stats[0]), nd(call.lead, stat_dtype, mem + stats[1])
 
 
-def _quant_operand(value, name: str, dev: int):
-    """(pointer, value) of a scalar operand of quant=: a finite float (0, it), or a 0-d float32
-    CuPy array on x's device (its pointer, 0.0); None: (0, 0.0)."""
-    cupy = _runtime.cupy()
-    if value is None:
-        return 0, 0.0
-    if isinstance(value, cupy.ndarray):
-        if value.shape != () or value.dtype != numpy.float32 or value.data.device_id != dev:
-            raise ValueError(f"{name} must be a float or a 0-d float32 array on cuda:{dev}; got "
-                             f"a {value.dtype} array of shape {value.shape} on "
-                             f"cuda:{value.data.device_id}")  # fmt: skip
-        return value.data.ptr, 0.0
-    if isinstance(value, bool) or not isinstance(value, (int, float, numpy.floating)):
-        raise TypeError(f"{name} must be a float or a 0-d float32 array; got "
-                        f"{type(value).__name__}")  # fmt: skip
-    return 0, _checks._finite(value, name)
-
-
 def _quant_checked(quant, options: dict, n: int, dev: int, out, out_dtype):
-    """(spec, (input pointer, amax array or None, value), operands) of a call's quant= and its
-    keywords, checked before anything is allocated; (None, None, None) without quant=."""
+    """(spec, (input pointer, amax array or None, value), the scalar operand as given) of a
+    call's quant= and its keywords, checked before anything is allocated; (None, None, None)
+    without quant=."""
     if quant is None:
         if options:
             raise TypeError(f"{next(iter(options))}= needs quant= (a format name)")
         return None, None, None
-    opts, operands = _formats.split_options(options)
-    spec = _formats.spec(quant, n, **opts)
-    _formats.needed(spec, operands)
+    spec, operands = _formats.checked(quant, options, n, out_dtype)
     if out is not None:
         raise ValueError("out= does not take a quantized y: quant= allocates its outputs")
-    if out_dtype is not None:
-        raise ValueError(f"out_dtype does not apply with quant={quant!r}: the format is y's type")
-    given = operands.get("scale", operands.get("global_amax"))
-    ptr_in, value = _quant_operand(given, "scale" if spec.name == "fp8" else "global_amax", dev)
+    cupy = _runtime.cupy()
+    name = _formats.GIVEN.get(spec.name)
+    given = operands.get(name)
+    ptr_in, value = 0, 0.0
+    if isinstance(given, cupy.ndarray):
+        if given.shape != () or given.dtype != numpy.float32 or given.data.device_id != dev:
+            raise ValueError(f"{name} must be a float or a 0-d float32 array on cuda:{dev}; got "
+                             f"a {given.dtype} array of shape {given.shape} on "
+                             f"cuda:{given.data.device_id}")  # fmt: skip
+        ptr_in = given.data.ptr
+    elif given is not None:
+        value = _formats.scalar(given, name, "array")
     amax = operands.get("amax")
     if amax is not None:
-        cupy = _runtime.cupy()
         if not isinstance(amax, cupy.ndarray) or amax.shape != () or amax.dtype != numpy.float32:
             raise TypeError(f"amax must be a 0-d float32 cupy.ndarray; got "
                             f"{getattr(amax, 'dtype', type(amax).__name__)} "
@@ -316,9 +304,7 @@ def _quant_checked(quant, options: dict, n: int, dev: int, out, out_dtype):
         if amax.data.device_id != dev:
             raise ValueError(f"amax must be on x's device cuda:{dev}; got "
                              f"cuda:{amax.data.device_id}")  # fmt: skip
-    if spec.name == "fp8_row" and spec.scale_ub is not None:
-        value = spec.scale_ub
-    return spec, (ptr_in, amax, value), given
+    return spec, (ptr_in, amax, _formats.launch_value(spec, value)), given
 
 
 def _forward_checked(x, w, b, eps, *, rms, residual, residual_dtype, weight_offset, out_dtype,

@@ -168,6 +168,9 @@ def split_options(options: dict) -> tuple[dict, dict]:
             {k: v for k, v in options.items() if k in OPERANDS})  # fmt: skip
 
 
+GIVEN = {"fp8": "scale", "nvfp4": "global_amax"}  # the scalar operand a format requires
+
+
 def needed(s: Spec, operands: dict) -> None:
     """The call's operands are those its format takes: "fp8" a ``scale`` (and an optional
     ``amax``), "nvfp4" a ``global_amax``, the others none; ValueError naming the one missing or
@@ -176,10 +179,37 @@ def needed(s: Spec, operands: dict) -> None:
     for name, value in operands.items():
         if value is not None and name not in takes:
             raise ValueError(f"{name}= applies to {FOR[name]} only; got it with quant={s.name!r}")
-    required = {"fp8": "scale", "nvfp4": "global_amax"}.get(s.name)
+    required = GIVEN.get(s.name)
     if required is not None and operands.get(required) is None:
         raise ValueError(f"quant={s.name!r} needs {required}= (a float, or a 0-d float32 array "
                          "on x's device)")  # fmt: skip
+
+
+def checked(quant, options: dict, n: int, out_dtype=None) -> tuple[Spec, dict]:
+    """(spec, operands) of a call's ``quant=`` and its keywords over rows of ``n``, every one
+    checked by name (``out_dtype`` does not go with a quantized y); the front ends check their
+    own arrays among the operands."""
+    opts, operands = split_options(options)
+    s = spec(quant, n, **opts)
+    needed(s, operands)
+    if out_dtype is not None:
+        raise ValueError(f"out_dtype does not apply with quant={quant!r}: the format is y's type")
+    return s, operands
+
+
+def scalar(value, name: str, array: str) -> float:
+    """A scalar operand given as a number: the finite float (TypeError for anything else; the
+    front end has taken its own ``array`` kind first)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, numpy.floating)):
+        raise TypeError(f"{name} must be a float or a 0-d float32 {array}; got "
+                        f"{type(value).__name__}")  # fmt: skip
+    return _checks._finite(value, name)
+
+
+def launch_value(s: Spec, value: float) -> float:
+    """The float the kernels take beside the scalar operand's pointer: fp8_row's ``scale_ub``
+    (0: none), else the operand given as a number."""
+    return (s.scale_ub or 0.0) if s.name == "fp8_row" else value
 
 
 FOR = {"scale": "quant='fp8'", "amax": "quant='fp8'", "global_amax": "quant='nvfp4'"}

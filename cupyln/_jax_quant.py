@@ -179,17 +179,14 @@ def _local(static, x2, *rest):
 _rows = by_rows(_local)
 
 
-def quantize_kernels(x2, r2, w, b, eps, rms, h_dtype, s, given):
-    """(elements, scales in the call's layout, h) by the kernels, as ``quantize_ops``'s. Under
-    jax.jit on a mesh each device quantizes its own rows (_jax_rows); scales in the cuBLAS
-    layout, whose tiles span 128 rows, come from one call over all of them."""
-    array = given is not None and not isinstance(given, (int, float))
-    value = 0.0 if array else float(given or 0.0)
-    if s.name == "fp8_row" and s.scale_ub is not None:
-        value = s.scale_ub
-    g = jnp.asarray(given, jnp.float32).reshape(1) if array else None
+def quantize_kernels(x2, r2, w, b, given, eps, rms, h_dtype, s, value):
+    """(elements, scales in the call's layout, h) by the kernels, as ``quantize_ops``'s;
+    ``given``: the scalar operand as a 0-d array (an input of the call), or None and ``value``
+    the number given. Under jax.jit on a mesh each device quantizes its own rows (_jax_rows);
+    scales in the cuBLAS layout, whose tiles span 128 rows, come from one call over all."""
+    g = None if given is None else given.reshape(1)
     rest, present = given_of((r2, w, b, g))
-    static = (eps, rms, h_dtype, s, value, present)
+    static = (eps, rms, h_dtype, s, _formats.launch_value(s, value), present)
     if s.scale_layout == "cublas":
         data, scale, _, _, h = _local(static, x2, *rest)
     else:
@@ -200,14 +197,9 @@ def quantize_kernels(x2, r2, w, b, eps, rms, h_dtype, s, given):
     ddt, sdt = dtypes(s)
     if ddt != jnp.uint8:
         data = jax.lax.bitcast_convert_type(data, ddt)
-    if sc_bytes(s) and sdt != jnp.uint8:
+    if sdt not in (jnp.float32, jnp.uint8):  # byte scales in JAX's float8 dtypes
         scale = jax.lax.bitcast_convert_type(scale, sdt)
     return data, None if s.name == "fp8" else scale, h
-
-
-def sc_bytes(s) -> bool:
-    """Whether a spec's scales are stored as bytes (E8M0, e4m3)."""
-    return s.name in ("mxfp8", "nvfp4")
 
 
 # ------------------------------------------------------------------ forward only

@@ -177,19 +177,14 @@ def _norm_on_cpu(x2, r2, w, b, eps, rms, h_dtype, y_dtype):
     return _varying((v.astype(y_dtype or x2.dtype), h), _given((x2, r2, w, b))[0])
 
 
-def _on_platform(platform, x2, r2, w, b, eps, rms, h_dtype, y_dtype):
-    """(y, h) by the kernels on a GPU, by JAX's ops on the CPU: chosen here for concrete
-    arrays (``platform``), when the program is lowered for tracers (None)."""
-    static = (eps, rms, h_dtype, y_dtype)
+def _by_platform(platform, cpu, kernels, *arrays):
+    """``kernels(*arrays)`` on a GPU, ``cpu(*arrays)`` (JAX's ops) on the CPU: chosen here for
+    concrete arrays (``platform``), when the program is lowered for tracers (None)."""
     if platform == "gpu" or _KERNELS_ON_CPU:
-        return _norm(x2, r2, w, b, *static)
+        return kernels(*arrays)
     if platform == "cpu":
-        return _norm_on_cpu(x2, r2, w, b, *static)
-    return jax.lax.platform_dependent(
-        x2, r2, w, b,
-        cpu=lambda *a: _norm_on_cpu(*a, *static),
-        default=lambda *a: _norm(*a, *static),
-    )  # fmt: skip
+        return cpu(*arrays)
+    return jax.lax.platform_dependent(*arrays, cpu=cpu, default=kernels)
 
 
 def layer_norm(x: jax.Array, weight: jax.Array | None = None, bias: jax.Array | None = None,
@@ -360,17 +355,16 @@ def _norm_bwd(eps, rms, h_dtype, y_dtype, res, grads):
 _norm.defvjp(_norm_fwd, _norm_bwd)
 
 
-def _apply(x, residual, weight, bias, eps, *, rms, residual_dtype=None, weight_offset=0.0,
-           out_dtype=None):  # fmt: skip
-    """(y, h) of a family member over the last dimension of x (h None without a residual), y
-    in ``out_dtype`` (default x's)."""
+def _operands(x, residual, weight, bias, eps, residual_dtype, weight_offset) -> tuple:
+    """(x, N, residual, weight, bias, eps, h's dtype or None, the arrays' platform) of a family
+    call, checked; the weight is weight + weight_offset in the arithmetic type where an offset
+    is given (dw passes through the add)."""
     x = _check(x, "x")
     n = _checks.width(x.shape, "x")
     weight = _check(weight, "weight", n)
     bias = _check(bias, "bias", n)
     eps = _checks.eps(eps)
     offset = _checks.weight_offset(weight_offset, weight is not None)
-    y_dtype = _checks.out_dtype(out_dtype, _dtype(x))
     h_dtype = None
     if residual is not None:
         residual = _check(residual, "residual")
@@ -379,16 +373,28 @@ def _apply(x, residual, weight, bias, eps, *, rms, residual_dtype=None, weight_o
     elif residual_dtype is not None:
         raise ValueError("residual_dtype needs a residual; got residual=None")
     if offset:
-        weight = weight.astype(acc_dtype(_dtype(x))) + offset  # dw passes through the add
+        weight = weight.astype(acc_dtype(_dtype(x))) + offset
     platform = _check_devices(((x, "x"), (residual, "residual"), (weight, "weight"),
                                (bias, "bias")))  # fmt: skip
+    return x, n, residual, weight, bias, eps, h_dtype, platform
+
+
+def _apply(x, residual, weight, bias, eps, *, rms, residual_dtype=None, weight_offset=0.0,
+           out_dtype=None):  # fmt: skip
+    """(y, h) of a family member over the last dimension of x (h None without a residual), y
+    in ``out_dtype`` (default x's)."""
+    x, n, residual, weight, bias, eps, h_dtype, platform = _operands(
+        x, residual, weight, bias, eps, residual_dtype, weight_offset
+    )
+    y_dtype = _checks.out_dtype(out_dtype, _dtype(x))
     m = math.prod(x.shape[:-1])
     if m == 0:
         h = None if residual is None else jnp.zeros(x.shape, h_dtype)
         return jnp.zeros(x.shape, y_dtype or _dtype(x)), h
     r2 = None if residual is None else residual.reshape(m, n)
-    y, h = _on_platform(platform, x.reshape(m, n), r2, weight, bias, eps, rms, h_dtype,
-                        y_dtype)  # fmt: skip
+    static = (eps, rms, h_dtype, y_dtype)
+    cpu, kernels = (lambda *a: _norm_on_cpu(*a, *static)), (lambda *a: _norm(*a, *static))
+    y, h = _by_platform(platform, cpu, kernels, x.reshape(m, n), r2, weight, bias)
     return y.reshape(x.shape), None if residual is None else h.reshape(x.shape)
 
 
@@ -400,61 +406,37 @@ def _apply_quant(x, residual, weight, bias, eps, *, rms, residual_dtype=None,
     from . import _jax_quant as Q
 
     x = _check(x, "x")
-    n = _checks.width(x.shape, "x")
-    weight = _check(weight, "weight", n)
-    bias = _check(bias, "bias", n)
-    eps = _checks.eps(eps)
-    offset = _checks.weight_offset(weight_offset, weight is not None)
-    if out_dtype is not None:
-        raise ValueError(f"out_dtype does not apply with quant={quant!r}: the format is y's type")
-    opts, ops = _formats.split_options(options)
-    s = _formats.spec(quant, n, **opts)
-    _formats.needed(s, ops)
+    s, ops = _formats.checked(quant, options, _checks.width(x.shape, "x"), out_dtype)
     if ops.get("amax") is not None:
         raise ValueError("amax= is CuPy's and torch's (an array written in place); JAX arrays "
                          "are immutable: take max|y| from the plain norm")  # fmt: skip
-    given = ops.get("scale", ops.get("global_amax"))
-    if given is not None and not isinstance(given, (int, float)):
-        given = _check(given, "scale" if quant == "fp8" else "global_amax")
-        if given.shape != () or _dtype(given) != numpy.float32:
-            raise ValueError(f"scale and global_amax must be floats or 0-d float32 arrays; got "
-                             f"{given.dtype} {given.shape}")  # fmt: skip
+    name = _formats.GIVEN.get(s.name)
+    given, value = ops.get(name), 0.0
+    if given is not None and not hasattr(given, "shape"):  # a number: the kernels' constant
+        given, value = None, _formats.scalar(given, name, "array")
     elif given is not None:
-        given = _checks._finite(given, "scale" if quant == "fp8" else "global_amax")
-    h_dtype = None
-    if residual is not None:
-        residual = _check(residual, "residual")
-        h_dtype = _checks.residual(residual.shape, _dtype(residual), residual_dtype, x.shape,
-                                   _dtype(x))  # fmt: skip
-    elif residual_dtype is not None:
-        raise ValueError("residual_dtype needs a residual; got residual=None")
-    acc = acc_dtype(_dtype(x))
-    if offset:
-        weight = weight.astype(acc) + offset
-    platform = _check_devices(((x, "x"), (residual, "residual"), (weight, "weight"),
-                               (bias, "bias")))  # fmt: skip
+        given = _check(given, name)
+        if given.shape != () or _dtype(given) != numpy.float32:
+            raise ValueError(f"{name} must be a float or a 0-d float32 array; got "
+                             f"{given.dtype} {given.shape}")  # fmt: skip
+    x, n, residual, weight, bias, eps, h_dtype, platform = _operands(
+        x, residual, weight, bias, eps, residual_dtype, weight_offset
+    )
     lead = x.shape[:-1]
     m = math.prod(lead)
     r2 = None if residual is None else residual.reshape(m, n)
+    acc = acc_dtype(_dtype(x))
 
-    def ops_path(x2, r2, w, b, given):
+    def ops_path(x2, r2, w, b, g):
         v, h = _norm_on_cpu(x2, r2, w, b, eps, rms, h_dtype, acc)
-        data, scale = Q.quantize_ops(v, s, given)
+        data, scale = Q.quantize_ops(v, s, value if g is None else g)
         return data, Q.layout(scale, s, m), h
 
-    def kernels(x2, r2, w, b, given):
-        return Q.quantize_kernels(x2, r2, w, b, eps, rms, h_dtype, s, given)
+    def kernels(*arrays):
+        return Q.quantize_kernels(*arrays, eps, rms, h_dtype, s, value)
 
-    if m == 0:  # nothing to launch: JAX's ops on any platform
-        fn = ops_path
-    elif platform == "gpu" or _KERNELS_ON_CPU:
-        fn = kernels
-    elif platform == "cpu":
-        fn = ops_path
-    else:
-
-        def fn(*a):
-            return jax.lax.platform_dependent(*a, cpu=ops_path, default=kernels)
+    def fn(*arrays):  # nothing to launch without rows: JAX's ops on any platform
+        return ops_path(*arrays) if m == 0 else _by_platform(platform, ops_path, kernels, *arrays)
 
     data, scale, h = Q.forward_only(fn, x.reshape(m, n), r2, weight, bias, given)
     data = data.reshape(*lead, data.shape[-1])

@@ -12,6 +12,7 @@ reaches _check's error."""
 import torch
 
 from .. import _checks, _launcher
+from .._launcher import NO_QUANT
 from .._problem import Problem
 from ._glue import (
     _NP,
@@ -38,10 +39,9 @@ def _scale(weight, offset: float, acc):
     return weight.to(acc) + offset
 
 
-def _fwd_impl(x, residual, weight, bias, eps: float, rms: bool, residual_dtype,
-              weight_offset: float, out_dtype=None):  # fmt: skip
-    """(y, mean, rstd, h): the norm of x, or of h = x + residual; y in ``out_dtype`` (default
-    x's); mean has no elements for RMSNorm, h none without a residual."""
+def fwd_checks(x, residual, weight, bias, eps, residual_dtype, weight_offset) -> tuple:
+    """(eps, weight offset, h's dtype or None) of a forward's arguments, checked (every dense
+    forward of the bridge: norm_fwd, norm_fwd_q)."""
     _check_input(x)
     _check_vector(weight, "weight", x)
     _check_vector(bias, "bias", x)
@@ -55,11 +55,15 @@ def _fwd_impl(x, residual, weight, bias, eps: float, rms: bool, residual_dtype,
                                _NP[x.dtype])  # fmt: skip
     elif residual_dtype is not None:
         raise ValueError("residual_dtype needs a residual; got residual=None")
-    ydt = None if out_dtype is None else _checks.out_dtype(_NP.get(out_dtype, out_dtype),
-                                                           _NP[x.dtype])  # fmt: skip
+    return eps, offset, hdt
+
+
+def fwd_run(x, residual, weight, bias, eps, offset, rms, hdt, y, y_dtype=None, quant=None,
+            q=NO_QUANT) -> tuple:  # fmt: skip
+    """(mean, rstd, h) of a checked forward launched into y (mean empty for RMSNorm, h empty
+    without a residual); ``y_dtype``, ``quant`` and ``q``: as the launcher's problem and
+    launch_forward take them."""
     acc = _acc(x.dtype)
-    y = torch.empty_like(x, memory_format=torch.contiguous_format,
-                         dtype=x.dtype if ydt is None else out_dtype)  # fmt: skip
     mean = x.new_empty(0, dtype=acc) if rms else _row_stats(x, acc)
     rstd = _row_stats(x, acc)
     h = x.new_empty(0) if hdt is None else torch.empty(x.shape, dtype=_TORCH[hdt], device=x.device)
@@ -73,12 +77,24 @@ def _fwd_impl(x, residual, weight, bias, eps: float, rms: bool, residual_dtype,
         p = Problem(m, n, _NP[x.dtype], None if w is None else _NP[w.dtype],
                     None if b is None else _NP[b.dtype], rms,
                     None if r2 is None else (_NP[r2.dtype], hdt), x_stride=stride,
-                    r_stride=rs, y_dtype=ydt)  # fmt: skip
+                    r_stride=rs, y_dtype=y_dtype, quant=quant)  # fmt: skip
         ptrs = (x2.data_ptr(), y.data_ptr(), _ptr(w), _ptr(b), 0 if rms else mean.data_ptr(),
                 rstd.data_ptr(), _ptr(r2), _ptr(h) if hdt is not None else 0)  # fmt: skip
         index = x.get_device()
-        _on_device(index, _launcher.launch_forward, p, ptrs, eps, _stream(index))
-    return y, mean, rstd, h
+        _on_device(index, _launcher.launch_forward, p, ptrs, eps, _stream(index), q)
+    return mean, rstd, h
+
+
+def _fwd_impl(x, residual, weight, bias, eps: float, rms: bool, residual_dtype,
+              weight_offset: float, out_dtype=None):  # fmt: skip
+    """(y, mean, rstd, h): the norm of x, or of h = x + residual; y in ``out_dtype`` (default
+    x's); mean has no elements for RMSNorm, h none without a residual."""
+    eps, offset, hdt = fwd_checks(x, residual, weight, bias, eps, residual_dtype, weight_offset)
+    ydt = None if out_dtype is None else _checks.out_dtype(_NP.get(out_dtype, out_dtype),
+                                                           _NP[x.dtype])  # fmt: skip
+    y = torch.empty_like(x, memory_format=torch.contiguous_format,
+                         dtype=x.dtype if ydt is None else out_dtype)  # fmt: skip
+    return (y, *fwd_run(x, residual, weight, bias, eps, offset, rms, hdt, y, ydt))
 
 
 def fwd_args(x, residual, weight, bias, eps, rms, residual_dtype=None, weight_offset=0.0,

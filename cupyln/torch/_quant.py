@@ -13,24 +13,11 @@ import math
 
 import torch
 
-from .. import _checks, _formats, _launcher
+from .. import _formats
 from .._dtypes import BYTES
 from .._formats import Quantized
-from .._problem import Problem
-from ._glue import (
-    _NP,
-    _acc,
-    _check,
-    _check_input,
-    _check_vector,
-    _on_device,
-    _ptr,
-    _row_stats,
-    _rows,
-    _stream,
-    _vector,
-)
-from ._ops import _TORCH, _scale, define, needs_grad
+from ._glue import _check, _ptr, _shapes
+from ._ops import _fwd_fake, define, fwd_checks, fwd_run, needs_grad
 
 _FP4 = getattr(torch, "float4_e2m1fn_x2", torch.uint8)
 _E8M0 = getattr(torch, "float8_e8m0fnu", torch.uint8)
@@ -71,48 +58,20 @@ def _fwd_q_impl(x, residual, weight, bias, eps: float, rms: bool, residual_dtype
                 want_amax: bool):  # fmt: skip
     """(data, scale, mean, rstd, h, amax) of the norm of x (or of h = x + residual), y
     quantized; amax (0-d, "fp8" with ``want_amax``, else empty) is max|y|."""
-    _check_input(x)
-    _check_vector(weight, "weight", x)
-    _check_vector(bias, "bias", x)
-    eps = _checks.eps(eps)
-    offset = _checks.weight_offset(weight_offset, weight is not None)
-    n = x.shape[-1]
-    s = _spec(n, quant, block, pow2_scale, scale_ub, scale_layout, fp8_dtype)
+    eps, offset, hdt = fwd_checks(x, residual, weight, bias, eps, residual_dtype, weight_offset)
+    s = _spec(x.shape[-1], quant, block, pow2_scale, scale_ub, scale_layout, fp8_dtype)
     if given is not None:
-        name = "scale" if quant == "fp8" else "global_amax"
+        name = _formats.GIVEN[s.name]
         _check(given, name, x)
         if given.shape != () or given.dtype != torch.float32:
             raise ValueError(f"{name} must be a 0-d float32 tensor; got {given.dtype} "
                              f"{tuple(given.shape)}")  # fmt: skip
-    hdt = None
-    if residual is not None:
-        _check(residual, "residual", x)
-        rdt = None if residual_dtype is None else _NP.get(residual_dtype, residual_dtype)
-        hdt = _checks.residual(tuple(residual.shape), _NP[residual.dtype], rdt, tuple(x.shape),
-                               _NP[x.dtype])  # fmt: skip
-    acc = _acc(x.dtype)
     data, scale = _outputs(x, s, s.scale_layout == "cublas")
-    mean = x.new_empty(0, dtype=acc) if rms else _row_stats(x, acc)
-    rstd = _row_stats(x, acc)
-    h = x.new_empty(0) if hdt is None else torch.empty(x.shape, dtype=_TORCH[hdt], device=x.device)
-    m = x.numel() // n if n else 0
     want_amax = want_amax and s.name == "fp8"
     amax = torch.zeros((), dtype=torch.float32, device=x.device) if want_amax else None
-    if m:
-        w = _scale(weight, offset, acc)
-        b = _vector(bias)
-        x2, stride = _rows(x)
-        r2, rs = _rows(residual) if residual is not None else (None, 0)
-        p = Problem(m, n, _NP[x.dtype], None if w is None else _NP[w.dtype],
-                    None if b is None else _NP[b.dtype], rms,
-                    None if r2 is None else (_NP[r2.dtype], hdt), x_stride=stride,
-                    r_stride=rs, y_dtype=BYTES, quant=s)  # fmt: skip
-        ptrs = (x2.data_ptr(), data.data_ptr(), _ptr(w), _ptr(b), 0 if rms else mean.data_ptr(),
-                rstd.data_ptr(), _ptr(r2), _ptr(h) if hdt is not None else 0)  # fmt: skip
-        value = s.scale_ub if s.name == "fp8_row" and s.scale_ub else given_value
-        q = (scale.data_ptr() if scale.numel() else 0, _ptr(given), _ptr(amax), value)
-        index = x.get_device()
-        _on_device(index, _launcher.launch_forward, p, ptrs, eps, _stream(index), q)
+    q = (scale.data_ptr() if scale.numel() else 0, _ptr(given), _ptr(amax),
+         _formats.launch_value(s, given_value))  # fmt: skip
+    mean, rstd, h = fwd_run(x, residual, weight, bias, eps, offset, rms, hdt, data, BYTES, s, q)
     return data, scale, mean, rstd, h, x.new_empty(0, dtype=torch.float32) if amax is None else amax
 
 
@@ -122,15 +81,12 @@ def _fwd_q_fake(x, residual, weight, bias, eps, rms, residual_dtype, weight_offs
     s = _spec(x.shape[-1], quant, block, pow2_scale, scale_ub, scale_layout, fp8_dtype)
     (dshape, _), sc = _formats.outputs(s, tuple(x.shape))
     ddt, sdt = _dtypes(s)
-    acc = _acc(x.dtype)
     data = x.new_empty(dshape, dtype=ddt)
     scale = x.new_empty(0, dtype=torch.float32) if sc is None else x.new_empty(sc[0], dtype=sdt)
-    h = x.new_empty(0)
-    if residual is not None:
-        h = x.new_empty(x.shape, dtype=residual.dtype if residual_dtype is None else residual_dtype)
-    mean = x.new_empty(0 if rms else x.shape[:-1], dtype=acc)
+    _, mean, rstd, h = _fwd_fake(x, residual, weight, bias, eps, rms, residual_dtype,
+                                 weight_offset)  # fmt: skip
     amax = x.new_empty(() if want_amax and s.name == "fp8" else 0, dtype=torch.float32)
-    return data, scale, mean, x.new_empty(x.shape[:-1], dtype=acc), h, amax
+    return data, scale, mean, rstd, h, amax
 
 
 def _fwd_q_autograd(x, residual, weight, bias, *rest):
@@ -152,32 +108,20 @@ _FWD_Q = define(
 )  # fmt: skip
 
 
-def _operand(value, name: str):
-    """(tensor or None, float) of a scalar operand: a 0-d float32 CUDA tensor, or a float."""
-    if value is None or isinstance(value, torch.Tensor):
-        return value, 0.0
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a float or a 0-d float32 tensor; got "
-                        f"{type(value).__name__}")  # fmt: skip
-    return None, _checks._finite(value, name)
-
-
 def quantized(x, residual, weight, bias, eps, normalized_shape, *, rms, residual_dtype=None,
               weight_offset=0.0, quant, options) -> tuple:  # fmt: skip
     """(Quantized(data, scale), mean, rstd, h) of a norm over the trailing ``normalized_shape``
     (flattened to one width) with y quantized; ``options``: quant='s keywords."""
-    from ._glue import _shapes
-
     if isinstance(x, torch.Tensor) and x.device.type == "cpu":
         raise ValueError("quant= needs CUDA tensors (the kernels quantize); got input on the CPU")
     _check(x, "input")
-    opts, ops = _formats.split_options(options)
     shape = _shapes(x, normalized_shape, weight, bias, residual)
     n = math.prod(shape)
-    s = _formats.spec(quant, n, **opts)
-    _formats.needed(s, ops)
-    given, value = _operand(ops.get("scale", ops.get("global_amax")), "scale" if quant == "fp8"
-                            else "global_amax")  # fmt: skip
+    s, ops = _formats.checked(quant, options, n)
+    name = _formats.GIVEN.get(s.name)
+    given, value = ops.get(name), 0.0
+    if given is not None and not isinstance(given, torch.Tensor):
+        given, value = None, _formats.scalar(given, name, "tensor")
     amax = ops.get("amax")
     if amax is not None and not (isinstance(amax, torch.Tensor) and amax.shape == ()
                                  and amax.dtype == torch.float32):  # fmt: skip
