@@ -37,6 +37,9 @@ STREAM_BARE_SPILL = 16
 # stream tier's 32 registers and the backward's 16-bit rows a few; LayerNorm's own variants keep
 # the bounds above (the family's flags are compile-time: without them the code is LayerNorm's)
 FAMILY_SPILL = 64
+# ...and of a quantized y's register rows (the Store holds a block's values and its scale), at
+# 8 packs a thread only where the rows are too wide for 4 (16-bit rows past 32768)
+QUANT_SPILL = 32
 # ...and of any variant built for sm_100 or sm_120 (never run, never tuned; their launch bounds
 # ask for three quarters of sm_90's threads, common.cuh's sm_blocks): blocks that cannot lower
 # their register cap further (a lone block of 960 or 1024 threads at 64 registers, of 512 float64
@@ -179,9 +182,12 @@ def family(k) -> bool:
 
 
 def spill_allowed(k, arch: int = 90) -> int:
-    """spill_allowed_ln's bound, or FAMILY_SPILL for the norm family's variants."""
+    """spill_allowed_ln's bound, or FAMILY_SPILL for the norm family's variants, at least
+    QUANT_SPILL for a quantizing Store's."""
     own = spill_allowed_ln(k, arch)
-    return max(own, FAMILY_SPILL) if family(k) else own
+    own = max(own, FAMILY_SPILL) if family(k) else own
+    quant = "QF" in C.params(k.name) and k.arg("QF")
+    return max(own, QUANT_SPILL) if quant else own
 
 
 def spill_allowed_ln(k, arch: int = 90) -> int:
@@ -314,6 +320,39 @@ def test_each_kernel_compiles(source, arch):
     every = {name for name in C.SIGNATURES if _compile.source_of(name) == source}
     assert names == every, f"no plan reached {every - names}"
     _check_build(sorted(kernels, key=_compile.expression), arch, unchecked=rest)
+
+
+QUANT_OPTIONS = (  # each variant of the quantizing Store's code
+    ("fp8", {}),
+    ("fp8", {"fp8_dtype": "e5m2"}),
+    ("fp8_row", {}),
+    ("fp8_block", {}),
+    ("fp8_block", {"block": 64, "pow2_scale": True}),
+    ("mxfp8", {}),
+    ("mxfp8", {"fp8_dtype": "e5m2", "scale_layout": "cublas"}),
+    ("nvfp4", {}),
+    ("nvfp4", {"scale_layout": "cublas"}),
+)
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_quantized_stores_compile(arch):
+    """Every format and option of a quantized y in the register rows the plans give it: bf16
+    LayerNorm at 4096 (a block's lanes in a warp), RMSNorm with a residual add at 1024 (rows of
+    a warp's part) and at 65536 (8 packs a thread, whole warps a block), float32 and float64
+    rows; within QUANT_SPILL."""
+    from cupyln import _formats as Q
+
+    bf, f32, f64 = ref_bf16(), np.dtype(np.float32), np.dtype(np.float64)
+    kernels = set()
+    for quant, opts in QUANT_OPTIONS:
+        for n, x, vec, rms, res in ((4096, bf, 8, False, None), (1024, bf, 8, True, (bf, bf)),
+                                    (65536, bf, 8, True, None), (4096, f32, 4, True, None),
+                                    (1024, f64, 2, False, None)):  # fmt: skip
+            p = F.quant_plan(n, x, x, x, vec, F.FWD_REG_ITEMS, rms=rms, residual=res,
+                             quant=Q.spec(quant, n, **opts))  # fmt: skip
+            kernels.add(p.kernel)
+    _check_build(sorted(kernels, key=_compile.expression), arch)
 
 
 def test_includes_are_inlined_and_hashed():

@@ -61,7 +61,11 @@ def test_precompile_plans_the_quantized_store():
     assert p.ty == np.uint8 and p.quant == s
     plans = F.forward_launch_plans(4096, BF16, BF16, BF16, 8, SMEM_H100, 8, rms=True, y_dtype=p.ty,
                                    quant=s)  # fmt: skip
-    assert {pl.arg("QF") for pl in plans} == {Q.CODES["nvfp4"]} and len(plans) == 2
+    assert {pl.arg("QF") for pl in plans} == {Q.CODES["nvfp4"]}
+    for m in (1, 1 << 20):  # a short launch and a long one
+        launched = F.forward_launch_plan(m, 4096, BF16, BF16, BF16, 8, SMEM_H100, 8, 132, 40e9,
+                                         rms=True, y_dtype=p.ty, quant=s)  # fmt: skip
+        assert launched in plans
     with pytest.raises(ValueError, match="out_dtype does not apply"):
         for_precompile(4096, BF16, out_dtype=F32, quant="nvfp4")
     with pytest.raises(TypeError, match="precompile takes no scale="):

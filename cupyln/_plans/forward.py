@@ -59,6 +59,7 @@ FWD_CENTER_EXACT = True  # sm_90: rows of a warp whose packs fill 3 of 4 slots k
 FWD_LEAN_FROM = 6144  # 16-bit rows from this width keep FWD_REG_ITEMS_SHORT packs...
 FWD_LEAN_THREADS = 1536  # ...where their block divides this many threads an SM (40 registers)
 
+FWD_QUANT_ITEMS = 4  # a quantized y: packs a thread keeps (at 8, ptxas spills the block formats)
 FWD_RES_ITEMS = 4  # with a residual: x's and the residual's packs are in flight at once...
 FWD_RES_THREADS = 768  # ...in 80 registers a thread: at 64, ptxas spills
 FWD_RES_THREADS_FP16 = 512  # ...and float16's widenings in 128: at 80 it spills
@@ -263,6 +264,7 @@ def quant_plan(n, x_dtype, w_dtype, b_dtype, vec, items, *, rms=False, residual=
     from .._formats import store_args
 
     h_dtype = x_dtype if residual is None else residual[1]
+    items = min(items, FWD_QUANT_ITEMS)
     wide = max(h_dtype.itemsize, w_dtype.itemsize, b_dtype.itemsize) > 4
     block_max = REG_BLOCK_MAX if wide or residual is not None else FWD_REG_BLOCK_MAX
     if residual is not None:

@@ -132,6 +132,7 @@ __global__ void __launch_bounds__(BLOCK, sm_blocks(MINB))
   const ElementsAt<VEC, TPR> at{lane};
   const QuantOut quant{qscale, qin, qamax, qvalue};
   float seen = 0.0f;  // a quantized y's largest |y| (ST::end)
+  int parity = 0;     // RMSNorm's buffer of red for this row
 
   for (i64 row = static_cast<i64>(blockIdx.x) * ROWS + threadIdx.x / TPR; row < M; row += step) {
     const typename LD::X* __restrict__ xr = x + row * x_stride;
@@ -154,18 +155,30 @@ __global__ void __launch_bounds__(BLOCK, sm_blocks(MINB))
       center(held_x, raw, k, held);
       k = 0;
     }
-    const A mu = group_sum<TPR, false>(held_sum(held_x, k, held), red[0]) * inv_n;
-    A d = mu;
-    if constexpr (CENTER) {
-      center(held_x, held_x, d, held);
-      d = 0;
-    }
-    const A ss = held_squares(held_x, k, d, held);
-    const A r = ST::rstd(group_sum<TPR, false>(ss, red[1]) * inv_n, shift + mu, eps);
-    if (lane == 0) ST::stats(mean, rstd, row, shift + mu, r);
-    if constexpr (ST::RMS) {  // y = x * rstd * w: held values less -(shift + mu), or as loaded
-      d = CENTER ? -(shift + mu) : A(0);
+    A d = 0, r;
+    if constexpr (ST::RMS && !CENTER) {
+      // RMSNorm: mean(x^2) in one pass and one sum (no cancellation to guard against), the
+      // buffers alternating by row; y = x * rstd * w from the values as loaded
+      r = ST::rstd(group_sum<TPR, false>(held_squares(held_x, A(0), A(0), held), red[parity]) *
+                       inv_n,
+                   A(0), eps);
+      parity ^= 1;
       k = 0;
+      if (lane == 0) ST::stats(mean, rstd, row, A(0), r);
+    } else {
+      const A mu = group_sum<TPR, false>(held_sum(held_x, k, held), red[0]) * inv_n;
+      d = mu;
+      if constexpr (CENTER) {
+        center(held_x, held_x, d, held);
+        d = 0;
+      }
+      const A ss = held_squares(held_x, k, d, held);
+      r = ST::rstd(group_sum<TPR, false>(ss, red[1]) * inv_n, shift + mu, eps);
+      if (lane == 0) ST::stats(mean, rstd, row, shift + mu, r);
+      if constexpr (ST::RMS) {  // y = x * rstd * w: centered values less -(shift + mu)
+        d = -(shift + mu);
+        k = 0;
+      }
     }
 
     ST::template write<TPR, BLOCK, VEC, ITEMS>(held_x, k, d, r, w, b, held, lane, y, row, N, quant,

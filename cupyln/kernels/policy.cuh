@@ -294,30 +294,50 @@ struct Store {
           for (int e = 0; e < VEC; ++e) {
             const float yv = static_cast<float>(o[e]);
             if constexpr (QF == Q_FP8) seen = fmaxf(seen, fabsf(yv));
-            f[e] = zero ? 0.0f : yv * factor;
+            f[e] = yv * factor;
           }
-          if constexpr (QF == Q_NVFP4) {
-            Pack<unsigned char, VEC / 2> pk;
-#pragma unroll
-            for (int e = 0; e < VEC / 2; ++e) pk.v[e] = pack_e2m1(f[2 * e], f[2 * e + 1]);
-            *reinterpret_cast<Pack<unsigned char, VEC / 2>*>(y + row * (N / 2) + col / 2) = pk;
-          } else {
-            Pack<unsigned char, VEC> pk;
-            if constexpr (VEC % 2 == 0) {
-#pragma unroll
-              for (int e = 0; e < VEC; e += 2) {
-                const unsigned short two = to_fp8x2<E5>(f[e], f[e + 1]);
-                pk.v[e] = static_cast<unsigned char>(two & 0xffu);
-                pk.v[e + 1] = static_cast<unsigned char>(two >> 8);
-              }
-            } else {
-#pragma unroll
-              for (int e = 0; e < VEC; ++e) pk.v[e] = fp8(f[e]);
-            }
-            *reinterpret_cast<Pack<unsigned char, VEC>*>(y + row * N + col) = pk;
-          }
+          store_codes<VEC>(f, zero, y + row * (QF == Q_NVFP4 ? N / 2 : N) +
+                                        (QF == Q_NVFP4 ? col / 2 : col));
         }
       }
+    }
+  }
+
+  // A pack's scaled values f as codes at dst (fp8 bytes, or fp4 pairs), in 32-bit words where
+  // the pack fills them; `zero`: codes of +0 instead (an NVFP4 block whose scale is 0).
+  template <int VEC>
+  static __device__ __forceinline__ void store_codes(const float (&f)[VEC], const bool zero,
+                                                     TY* __restrict__ dst) {
+    constexpr int BYTES = QF == Q_NVFP4 ? VEC / 2 : VEC;
+    if constexpr (BYTES % 4 == 0) {
+      Pack<unsigned int, BYTES / 4> pk;
+#pragma unroll
+      for (int j = 0; j < BYTES / 4; ++j) {
+        unsigned int word;
+        if constexpr (QF == Q_NVFP4) {
+          word = 0u;
+#pragma unroll
+          for (int e = 0; e < 8; ++e) word |= to_e2m1(f[8 * j + e]) << (4 * e);
+        } else {
+          word = static_cast<unsigned int>(to_fp8x2<E5>(f[4 * j], f[4 * j + 1])) |
+                 (static_cast<unsigned int>(to_fp8x2<E5>(f[4 * j + 2], f[4 * j + 3])) << 16);
+        }
+        pk.v[j] = zero ? 0u : word;
+      }
+      *reinterpret_cast<Pack<unsigned int, BYTES / 4>*>(dst) = pk;
+    } else {
+      Pack<unsigned char, BYTES> pk;
+#pragma unroll
+      for (int e = 0; e < BYTES; ++e) {
+        if constexpr (QF == Q_NVFP4) {
+          pk.v[e] = zero ? 0u : pack_e2m1(f[2 * e], f[2 * e + 1]);
+        } else if constexpr (BYTES % 2 == 0) {
+          pk.v[e] = static_cast<unsigned char>(to_fp8x2<E5>(f[e & ~1], f[e | 1]) >> (8 * (e & 1)));
+        } else {
+          pk.v[e] = fp8(f[e]);
+        }
+      }
+      *reinterpret_cast<Pack<unsigned char, BYTES>*>(dst) = pk;
     }
   }
 };

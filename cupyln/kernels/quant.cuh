@@ -74,14 +74,18 @@ __device__ __forceinline__ unsigned short to_fp8x2(const float lo, const float h
 }
 
 // e2m1: bias 1, 1 mantissa bit, normal from 1, subnormal step 0.5; NaN gives 0 (none in e2m1).
+// |f| clamped to 6 lies in a binade of step 0.5 (below 2), 1 (below 4) or 2, the steps of its
+// exponent e = 0, 1, 2 past 1: the code is e * 2 plus |f| / step rounded to an integer, which
+// the add of 2^23 does (nearest even), in ten instructions without a branch.
 __device__ __forceinline__ unsigned int to_e2m1(const float f) {
   const unsigned int u = __float_as_uint(f);
   const unsigned int sign = (u >> 28) & 0x8u;
-  const unsigned int mag = u & 0x7fffffffu;
-  if (mag > 0x7f800000u) return 0u;
-  if (mag > 0x40c00000u) return sign | 0x7u;  // past 6
-  if (mag >= 0x3f800000u) return sign | round_bits<22, 1>(mag);
-  return sign | static_cast<unsigned int>(rintf(__uint_as_float(mag) * 2.0f));
+  const float a = fminf(fabsf(f), 6.0f);
+  const unsigned int eb = max(__float_as_uint(a) >> 23, 127u);  // 127 + e
+  const float inv_step = __uint_as_float((255u - eb) << 23);     // 2^(1 - e)
+  const unsigned int q = __float_as_uint(fmaf(a, inv_step, 8388608.0f)) - 0x4b000000u;
+  const unsigned int code = (q + 2u * eb - 254u) | sign;
+  return (u & 0x7fffffffu) > 0x7f800000u ? 0u : code;
 }
 
 __device__ __forceinline__ unsigned char pack_e2m1(const float first, const float second) {
