@@ -15,7 +15,8 @@
 // E[x^2] - E[x]^2; the stream tier merges exact per-pack statistics by Chan et al.'s update),
 // and y is written once. Values are shifted by the row's first element
 // before summing, so rows with a large mean (1e4 + noise) keep full float32 precision.
-// Padding lanes hold 0 in the first pass and are skipped in the second.
+// Padding lanes hold 0 in the first pass and are skipped in the second. RMSNorm's register
+// rows sum x^2 in one pass instead (a sum of non-negative terms: nothing cancels).
 //
 // Block-wide sums alternate between two shared buffers (mean, variance), so each costs one
 // barrier: two per row.
