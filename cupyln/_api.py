@@ -284,27 +284,20 @@ def _quant_checked(quant, options: dict, n: int, dev: int, out, out_dtype):
     if out is not None:
         raise ValueError("out= does not take a quantized y: quant= allocates its outputs")
     cupy = _runtime.cupy()
-    name = _formats.GIVEN.get(spec.name)
-    given = operands.get(name)
-    ptr_in, value = 0, 0.0
-    if isinstance(given, cupy.ndarray):
-        if given.shape != () or given.dtype != numpy.float32 or given.data.device_id != dev:
-            raise ValueError(f"{name} must be a float or a 0-d float32 array on cuda:{dev}; got "
-                             f"a {given.dtype} array of shape {given.shape} on "
-                             f"cuda:{given.data.device_id}")  # fmt: skip
-        ptr_in = given.data.ptr
-    elif given is not None:
-        value = _formats.scalar(given, name, "array")
+
+    def is_array(a):
+        return isinstance(a, cupy.ndarray)
+
+    name, given, value = _formats.scalar_operand(spec, operands, is_array, "array")
     amax = operands.get("amax")
     if amax is not None:
-        if not isinstance(amax, cupy.ndarray) or amax.shape != () or amax.dtype != numpy.float32:
-            raise TypeError(f"amax must be a 0-d float32 cupy.ndarray; got "
-                            f"{getattr(amax, 'dtype', type(amax).__name__)} "
-                            f"{getattr(amax, 'shape', '')}")  # fmt: skip
-        if amax.data.device_id != dev:
-            raise ValueError(f"amax must be on x's device cuda:{dev}; got "
-                             f"cuda:{amax.data.device_id}")  # fmt: skip
-    return spec, (ptr_in, amax, _formats.launch_value(spec, value)), given
+        _formats.zero_d(amax, "amax", "cupy.ndarray", is_array, TypeError)
+    for a, what in ((given, name), (amax, "amax")):
+        if a is not None and a.data.device_id != dev:
+            raise ValueError(f"{what} must be on x's device cuda:{dev}; got "
+                             f"cuda:{a.data.device_id}")  # fmt: skip
+    value = _formats.launch_value(spec, value)
+    return spec, (0 if given is None else given.data.ptr, amax, value), operands.get(name)
 
 
 def _forward_checked(x, w, b, eps, *, rms, residual, residual_dtype, weight_offset, out_dtype,

@@ -206,6 +206,30 @@ def scalar(value, name: str, array: str) -> float:
     return _checks._finite(value, name)
 
 
+def zero_d(a, name: str, kind: str, is_array, exc=ValueError, number_ok: bool = False) -> None:
+    """``a`` is a 0-d float32 array of the front end (``is_array``; ``kind``, its word for one),
+    else ``exc`` naming it and what came (``number_ok``: the operand may be a float instead)."""
+    shape, dtype = getattr(a, "shape", None), getattr(a, "dtype", type(a).__name__)
+    if not is_array(a) or tuple(shape) != () or str(dtype).rsplit(".", 1)[-1] != "float32":
+        what = "a float or a 0-d" if number_ok else "a 0-d"
+        got = f"{dtype} of shape {tuple(shape)}" if shape is not None else dtype
+        raise exc(f"{name} must be {what} float32 {kind}; got {got}")
+
+
+def scalar_operand(s: Spec, operands: dict, is_array, kind: str) -> tuple:
+    """(name, array, number) of the format's scalar operand (GIVEN; name None where it takes
+    none): an array of the front end (``is_array``) checked 0-d float32, with number 0.0; a
+    number checked finite, with array None; (None, 0.0) where it is absent."""
+    name = GIVEN.get(s.name)
+    given = operands.get(name)
+    if given is None:
+        return name, None, 0.0
+    if not is_array(given):
+        return name, None, scalar(given, name, kind)
+    zero_d(given, name, kind, is_array, number_ok=True)
+    return name, given, 0.0
+
+
 def launch_value(s: Spec, value: float) -> float:
     """The float the kernels take beside the scalar operand's pointer: fp8_row's ``scale_ub``
     (0: none), else the operand given as a number."""

@@ -410,15 +410,9 @@ def _apply_quant(x, residual, weight, bias, eps, *, rms, residual_dtype=None,
     if ops.get("amax") is not None:
         raise ValueError("amax= is CuPy's and torch's (an array written in place); JAX arrays "
                          "are immutable: take max|y| from the plain norm")  # fmt: skip
-    name = _formats.GIVEN.get(s.name)
-    given, value = ops.get(name), 0.0
-    if given is not None and not hasattr(given, "shape"):  # a number: the kernels' constant
-        given, value = None, _formats.scalar(given, name, "array")
-    elif given is not None:
-        given = _check(given, name)
-        if given.shape != () or _dtype(given) != numpy.float32:
-            raise ValueError(f"{name} must be a float or a 0-d float32 array; got "
-                             f"{given.dtype} {given.shape}")  # fmt: skip
+    # a number is the kernels' constant, an array an input of the program
+    name, given, value = _formats.scalar_operand(s, ops, lambda a: hasattr(a, "shape"), "array")
+    given = None if given is None else _check(given, name)
     x, n, residual, weight, bias, eps, h_dtype, platform = _operands(
         x, residual, weight, bias, eps, residual_dtype, weight_offset
     )

@@ -96,6 +96,31 @@ def test_operands_are_checked_by_name():
         Q.needed(Q.spec("fp8_row", 32), {"amax": object()})
 
 
+def test_scalar_operands_are_checked_by_name():
+    """The one check of scale=, global_amax= and amax= every front end calls, with NumPy arrays
+    standing for the front end's: a number or a 0-d float32 array, by name."""
+
+    def is_array(a):
+        return isinstance(a, np.ndarray)
+
+    s = Q.spec("fp8", 8)
+    assert Q.scalar_operand(s, {"scale": 2}, is_array, "array") == ("scale", None, 2.0)
+    a = np.zeros((), np.float32)
+    assert Q.scalar_operand(s, {"scale": a}, is_array, "array")[1] is a
+    assert Q.scalar_operand(Q.spec("mxfp8", 32), {}, is_array, "array") == (None, None, 0.0)
+    with pytest.raises(ValueError, match=r"scale must be a float or a 0-d float32 array; got "
+                                         r"float64 of shape \(\)"):  # fmt: skip
+        Q.scalar_operand(s, {"scale": np.zeros((), np.float64)}, is_array, "array")
+    with pytest.raises(ValueError, match="global_amax must be a float or a 0-d float32 tensor"):
+        Q.scalar_operand(Q.spec("nvfp4", 16), {"global_amax": np.zeros(2, np.float32)}, is_array,
+                         "tensor")  # fmt: skip
+    with pytest.raises(TypeError, match="scale must be a float"):
+        Q.scalar_operand(s, {"scale": "1"}, is_array, "array")
+    with pytest.raises(TypeError, match="amax must be a 0-d float32 cupy.ndarray; got float32"):
+        Q.zero_d(np.float32(0), "amax", "cupy.ndarray", is_array, TypeError)
+    Q.zero_d(a, "amax", "cupy.ndarray", is_array, TypeError)
+
+
 # ------------------------------------------------------------------------------- GPU tier
 def _signed(codes, sign_bit: int):
     """Sign-magnitude codes as signed ints: neighbours in value differ by one."""

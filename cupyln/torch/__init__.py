@@ -161,16 +161,19 @@ def forward(
     mean and rstd have shape ``x.shape[:-1]``, float32 (float64 for float64 x). Under
     torch.compile the call is the op ``torch.ops.cupyln.norm_fwd`` (``norm_fwd_q``) on
     detached inputs."""
-    detach = [None if t is None else t.detach() for t in (x, residual, weight, bias)]
-    if quant is not None or quant_options:
-        q, mean, rstd, h = quantized(*detach, eps, (x.shape[-1],), rms=rms,
-                                     residual_dtype=residual_dtype, weight_offset=weight_offset,
-                                     quant=quant, options=quant_options)  # fmt: skip
-        y = q
+    tensors = (x, residual, weight, bias)
+    if eager() and quant is None and not quant_options:  # no op to trace: nothing to detach
+        y, mean, rstd, h = _fwd_impl(*tensors, eps, rms, residual_dtype, weight_offset)
     else:
-        offset = _checks.weight_offset(weight_offset, weight is not None)
-        args = (*detach, _checks.eps(eps), rms, residual_dtype, offset)
-        y, mean, rstd, h = _fwd_impl(*args) if eager() else _FWD(*args)
+        detached = [None if t is None else t.detach() for t in tensors]
+        if quant is not None or quant_options:
+            y, mean, rstd, h = quantized(*detached, eps, (x.shape[-1],), rms=rms,
+                                         residual_dtype=residual_dtype,
+                                         weight_offset=weight_offset, quant=quant,
+                                         options=quant_options)  # fmt: skip
+        else:
+            offset = _checks.weight_offset(weight_offset, weight is not None)
+            y, mean, rstd, h = _FWD(*detached, _checks.eps(eps), rms, residual_dtype, offset)
     out = (y, rstd) if rms else (y, mean, rstd)
     return out + (h,) if residual is not None else out
 

@@ -23,6 +23,10 @@ _FP4 = getattr(torch, "float4_e2m1fn_x2", torch.uint8)
 _E8M0 = getattr(torch, "float8_e8m0fnu", torch.uint8)
 
 
+def _is_tensor(a) -> bool:
+    return isinstance(a, torch.Tensor)
+
+
 def _dtypes(s) -> tuple:
     """(elements' torch dtype, scales' torch dtype or None) of a checked spec."""
     if s.name == "nvfp4":
@@ -63,9 +67,7 @@ def _fwd_q_impl(x, residual, weight, bias, eps: float, rms: bool, residual_dtype
     if given is not None:
         name = _formats.GIVEN[s.name]
         _check(given, name, x)
-        if given.shape != () or given.dtype != torch.float32:
-            raise ValueError(f"{name} must be a 0-d float32 tensor; got {given.dtype} "
-                             f"{tuple(given.shape)}")  # fmt: skip
+        _formats.zero_d(given, name, "tensor", _is_tensor)
     data, scale = _outputs(x, s, s.scale_layout == "cublas")
     want_amax = want_amax and s.name == "fp8"
     amax = torch.zeros((), dtype=torch.float32, device=x.device) if want_amax else None
@@ -118,15 +120,10 @@ def quantized(x, residual, weight, bias, eps, normalized_shape, *, rms, residual
     shape = _shapes(x, normalized_shape, weight, bias, residual)
     n = math.prod(shape)
     s, ops = _formats.checked(quant, options, n)
-    name = _formats.GIVEN.get(s.name)
-    given, value = ops.get(name), 0.0
-    if given is not None and not isinstance(given, torch.Tensor):
-        given, value = None, _formats.scalar(given, name, "tensor")
+    _, given, value = _formats.scalar_operand(s, ops, _is_tensor, "tensor")
     amax = ops.get("amax")
-    if amax is not None and not (isinstance(amax, torch.Tensor) and amax.shape == ()
-                                 and amax.dtype == torch.float32):  # fmt: skip
-        raise TypeError(f"amax must be a 0-d float32 tensor; got {getattr(amax, 'dtype', '')} "
-                        f"{type(amax).__name__}")  # fmt: skip
+    if amax is not None:
+        _formats.zero_d(amax, "amax", "tensor", _is_tensor, TypeError)
     k = len(shape)
     lead = x.shape[: x.dim() - k]
     if k > 1:
