@@ -18,7 +18,7 @@
 //   * walk_vectors: a group's strided walk over the packs of a span, U loads in flight;
 //   * group_sum: a sum over the TPR threads that own one row, identical in every thread
 //     (xor butterfly inside a warp, fixed-order sum of per-warp partials across warps), and
-//     group_max, their largest value;
+//     group_max, their largest value (both group_reduce);
 //   * sum_over_y: fixed-order column sums in the (32, Y) blocks of the dw/db kernels;
 //   * wait_prior_grid / release_dependents: programmatic dependent launch (sm_90+);
 //   * SMEM_BLOCK_OPTIN: the opt-in shared bytes a block of the target architecture may have.
@@ -444,48 +444,51 @@ __device__ __forceinline__ unsigned group_warp() {
   return (TPR == BLOCK ? threadIdx.x : threadIdx.x % TPR) >> 5;
 }
 
-template <int TPR, bool GUARD = true, int BLOCK = TPR, typename A>
-__device__ __forceinline__ A group_sum(A v, A* red) {
+// op(a, b) of the group reductions: a sum, or the larger of two floats.
+struct SumOp {
+  template <typename A>
+  __device__ __forceinline__ A operator()(const A a, const A b) const {
+    return a + b;
+  }
+};
+struct MaxOp {
+  __device__ __forceinline__ float operator()(const float a, const float b) const {
+    return fmaxf(a, b);
+  }
+};
+
+// op over the TPR consecutive threads of a row, identical in every thread of the group.
+template <int TPR, bool GUARD, int BLOCK, typename A, typename Op>
+__device__ __forceinline__ A group_reduce(A v, A* red, const Op op) {
   if constexpr (TPR <= 32) {
     unsigned mask = 0xffffffffu;
     if constexpr (TPR < 32) mask = ((1u << TPR) - 1u) << ((threadIdx.x & 31u) / TPR * TPR);
 #pragma unroll
-    for (int o = TPR / 2; o > 0; o /= 2) v += shfl_xor(mask, v, o);
+    for (int o = TPR / 2; o > 0; o /= 2) v = op(v, shfl_xor(mask, v, o));
     return v;
   } else {
 #pragma unroll
-    for (int o = 16; o > 0; o /= 2) v += shfl_xor(0xffffffffu, v, o);
+    for (int o = 16; o > 0; o /= 2) v = op(v, shfl_xor(0xffffffffu, v, o));
     if constexpr (GUARD) group_barrier<TPR, BLOCK>();  // no thread still reads `red`
     if ((threadIdx.x & 31u) == 0) red[group_warp<TPR, BLOCK>()] = v;
     group_barrier<TPR, BLOCK>();
     A t = red[0];
 #pragma unroll
-    for (int i = 1; i < TPR / 32; ++i) t += red[i];
+    for (int i = 1; i < TPR / 32; ++i) t = op(t, red[i]);
     return t;
   }
+}
+
+template <int TPR, bool GUARD = true, int BLOCK = TPR, typename A>
+__device__ __forceinline__ A group_sum(A v, A* red) {
+  return group_reduce<TPR, GUARD, BLOCK>(v, red, SumOp{});
 }
 
 // The largest v over the TPR consecutive threads of a row, in every thread of the group: as
 // group_sum (GUARD always: `red` may be any buffer of TPR/32 values that the group owns).
 template <int TPR, int BLOCK = TPR>
 __device__ __forceinline__ float group_max(float v, float* red) {
-  if constexpr (TPR <= 32) {
-    unsigned mask = 0xffffffffu;
-    if constexpr (TPR < 32) mask = ((1u << TPR) - 1u) << ((threadIdx.x & 31u) / TPR * TPR);
-#pragma unroll
-    for (int o = TPR / 2; o > 0; o /= 2) v = fmaxf(v, shfl_xor(mask, v, o));
-    return v;
-  } else {
-#pragma unroll
-    for (int o = 16; o > 0; o /= 2) v = fmaxf(v, shfl_xor(0xffffffffu, v, o));
-    group_barrier<TPR, BLOCK>();  // no thread still reads `red`
-    if ((threadIdx.x & 31u) == 0) red[group_warp<TPR, BLOCK>()] = v;
-    group_barrier<TPR, BLOCK>();
-    float t = red[0];
-#pragma unroll
-    for (int i = 1; i < TPR / 32; ++i) t = fmaxf(t, red[i]);
-    return t;
-  }
+  return group_reduce<TPR, true, BLOCK>(v, red, MaxOp{});
 }
 
 // Two sums in one pass of synchronisation (the backward needs sum(xhat*wdy) and sum(wdy)); `red`

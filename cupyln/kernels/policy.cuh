@@ -238,11 +238,9 @@ struct Store {
             }
           }
         }
-        if constexpr (L == TPR) {
-          amax = group_max<TPR, BLOCK>(amax, red + threadIdx.x / TPR * (TPR > 32 ? TPR / 32 : 0));
-        } else if constexpr (L > 32) {
-          amax = group_max<L, BLOCK>(amax, red + threadIdx.x / L * (L / 32));
-        } else {
+        if constexpr (L == TPR || L > 32) {  // the row's lanes, or whole warps of a row
+          amax = group_max<L, BLOCK>(amax, red + threadIdx.x / L * (L > 32 ? L / 32 : 0));
+        } else {  // a slice of the row's lanes in a warp
           unsigned mask = 0xffffffffu;
           if constexpr (TPR < 32) mask = ((1u << TPR) - 1u) << ((threadIdx.x & 31u) / TPR * TPR);
 #pragma unroll
