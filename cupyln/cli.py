@@ -11,6 +11,7 @@ import math
 import os
 import sys
 
+from ._formats import FORMATS
 from ._plans.devices import PROFILES
 
 
@@ -284,15 +285,19 @@ def cmd_bench(args) -> int:
                   f"{ms:.2f} ms")  # fmt: skip
         return 0
     ns = tuple(int(v) for v in args.n.split(",")) if args.n else bench.DEFAULT_NS
+
+    def forward_line(width):  # a forward-only row, its provider in ``width`` columns
+        def line(r):
+            print(f"{r.provider:{width}s} {r.dtype:9s} M={r.M:<8d} N={r.N:<6d} fwd "
+                  f"{r.fwd_GBs:6.0f} GB/s ({r.fwd_of_copy:4.0%})", flush=True)  # fmt: skip
+
+        return line
+
     if args.peers and args.quant:
         from cupyln import bench_peers
 
-        def qpeer(r):
-            print(f"{r.provider:24s} {r.dtype:9s} M={r.M:<8d} N={r.N:<6d} fwd "
-                  f"{r.fwd_GBs:6.0f} GB/s ({r.fwd_of_copy:4.0%})", flush=True)  # fmt: skip
-
         copy, rows = bench_peers.run_quant_peers(args.quant, args.dtype, 2**args.log2_elements,
-                                                 ns, qpeer)  # fmt: skip
+                                                 ns, forward_line(24))  # fmt: skip
         print(f"device-to-device copy: {copy:.0f} GB/s (read + write)")
         return _save(args, bench, copy, rows)
     if args.peers:
@@ -308,13 +313,8 @@ def cmd_bench(args) -> int:
         print(f"device-to-device copy: {copy:.0f} GB/s (read + write)")
         return _save(args, bench, copy, rows)
     if args.quant:
-
-        def line(r):
-            print(f"{r.provider:16s} {r.dtype:9s} M={r.M:<8d} N={r.N:<6d} fwd "
-                  f"{r.fwd_GBs:6.0f} GB/s ({r.fwd_of_copy:4.0%})", flush=True)  # fmt: skip
-
         copy, rows = bench.run_quant(args.quant, args.dtype, 2**args.log2_elements, ns,
-                                     args.norm, line)  # fmt: skip
+                                     args.norm, forward_line(16))  # fmt: skip
         print(f"device-to-device copy: {copy:.0f} GB/s (read + write)")
         return _save(args, bench, copy, rows)
     if args.emulate:
@@ -452,7 +452,7 @@ def main(argv=None) -> int:
     )
     b.add_argument(
         "--quant",
-        choices=("fp8", "fp8_row", "fp8_block", "mxfp8", "nvfp4"),
+        choices=tuple(FORMATS),
         help="the forward with y quantized in this format, against the plain forward",
     )
     b.add_argument("--compile", action="store_true", help="add torch.compile (slow to compile)")
